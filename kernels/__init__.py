@@ -1,0 +1,1 @@
+"""Fused GPU kernels (Triton) with a pure-torch reference each."""
