@@ -1,24 +1,388 @@
-"""Placeholder replaced by the loader work (see model/loader.py history)."""
+"""Load a checkpoint folder into a resident :class:`LoadedModel`.
+
+A checkpoint folder (Hugging Face layout) holds::
+
+    config.json                       architecture + special tokens (any supported dialect)
+    model.safetensors                 one weights file, or
+    model-0000i-of-0000n.safetensors  shards listed in model.safetensors.index.json
+    tokenizer.json                    (plus optional tokenizer_config.json)
+
+Loading goes in two phases so that a bad checkpoint costs nothing:
+
+1. *Validate from headers only*: parse config.json, read the tokenizer, open
+   every safetensors file (``safe_open`` memory-maps it and checks its header),
+   map each tensor name to the Transformer's own name (:mod:`.weights`) and
+   compare shapes with a model built on the ``meta`` device (no storage).
+   Missing, unexpected and mis-shaped tensors are all reported here.
+2. *Materialise*: read tensors one at a time from the memory map, convert them
+   to the target dtype/device and ``load_state_dict(assign=True)`` them into the
+   meta model, so each weight exists once (peak = model + one tensor).
+
+Every failure raises :class:`CheckpointError`, :class:`~.config.ConfigError`
+or :class:`~.tokenizer.TokenizerError` (all ``ValueError``) with a message that
+names the file and the field or tensor. Nothing built for a failed load stays
+referenced: there is no module-level cache.
+"""
+
 from __future__ import annotations
-from dataclasses import dataclass
+
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from .config import ConfigError, ModelConfig, read_config
+from .tokenizer import Tokenizer, TokenizerError
+from .transformer import Transformer
+from .weights import SKIP, map_name
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "LoadedModel",
+    "TokenizerError",
+    "default_model_path",
+    "load_model",
+    "resolve_dtype",
+]
+
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+# safetensors header dtype codes that hold real-valued weights we can convert
+_FLOAT_CODES = {"F64", "F32", "F16", "BF16"}
 
 
 class CheckpointError(ValueError):
-    pass
+    """A checkpoint folder or weights file that cannot be loaded; the message names
+    the file and the tensor."""
 
 
 @dataclass
 class LoadedModel:
-    model: object
-    tokenizer: object
-    config: object
+    """A resident model plus everything needed to use it.
+
+    model: the Transformer in eval mode, ``requires_grad`` off, on ``device`` in ``dtype``.
+    config: the normalised config with special-token ids resolved from the tokenizer.
+    provenance: the checkpoint's own provenance record (diffill checkpoints write one
+        in config.json); empty when the checkpoint has none.
+    files: the weights files read.
+    """
+
+    model: Transformer
+    tokenizer: Tokenizer
+    config: ModelConfig
     path: Path
+    provenance: dict[str, Any]
+    device: torch.device
+    dtype: torch.dtype
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def family(self) -> str:
+        return self.config.family
 
 
 def default_model_path() -> Path:
-    return Path(__file__).parent / "default_model"
+    """The model shipped with the package (``diffill/model/default_model/``)."""
+    return Path(__file__).resolve().parent / "default_model"
 
 
-def load_model(path=None, device="cpu", dtype=None):
-    raise NotImplementedError
+def resolve_dtype(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype | str | None
+) -> torch.dtype:
+    """The dtype to load in.
+
+    An explicit ``dtype`` wins. Otherwise: on CUDA the checkpoint's ``torch_dtype``
+    when it is bfloat16/float16/float32 (bfloat16 when the config names none); on
+    CPU always float32 (half-precision matmuls on CPU are slow and inexact).
+    """
+    if dtype is not None:
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        key = str(dtype).lower().removeprefix("torch.")
+        if key not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
+        return _DTYPES[key]
+    if device.type != "cuda":
+        return torch.float32
+    name = (cfg.torch_dtype or "bfloat16").lower().removeprefix("torch.")
+    return _DTYPES.get(name, torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _weight_files(folder: Path) -> tuple[list[Path], dict[str, Path] | None]:
+    """The safetensors files of a checkpoint and, for a sharded one, the index's
+    tensor -> file map."""
+    index = folder / INDEX_NAME
+    if index.is_file():
+        try:
+            data = json.loads(index.read_text())
+        except (ValueError, OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{index}: not valid JSON ({e})") from None
+        wm = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(wm, dict) or not wm:
+            raise CheckpointError(f"{index}: field weight_map missing or empty")
+        by_name: dict[str, Path] = {}
+        files: list[Path] = []
+        for name, fname in wm.items():
+            if (
+                not isinstance(fname, str)
+                or "/" in fname
+                or "\\" in fname
+                or fname in ("", ".", "..")
+            ):
+                raise CheckpointError(
+                    f"{index}: weight_map[{name!r}] is not a file name: {fname!r}"
+                )
+            p = folder / fname
+            if p not in files:
+                if not p.is_file():
+                    raise CheckpointError(
+                        f"{index}: names shard {fname!r} (for tensor {name!r}) but {p} does not exist"
+                    )
+                files.append(p)
+            by_name[name] = p
+        return files, by_name
+    single = folder / WEIGHTS_NAME
+    if single.is_file():
+        return [single], None
+    others = sorted(p.name for p in folder.glob("*.safetensors"))
+    if others:
+        raise CheckpointError(
+            f"{folder}: found {', '.join(others[:4])} but neither {WEIGHTS_NAME} nor {INDEX_NAME}"
+        )
+    bins = sorted(p.name for p in folder.glob("*.bin")) + sorted(
+        p.name for p in folder.glob("*.pt")
+    )
+    hint = f" (found {', '.join(bins[:3])}: convert it to safetensors)" if bins else ""
+    raise CheckpointError(f"{folder}: no {WEIGHTS_NAME} or {INDEX_NAME}{hint}")
+
+
+@dataclass
+class _Entry:
+    file: Path
+    ckpt_name: str
+    shape: tuple[int, ...]
+
+
+def _scan(
+    files: list[Path],
+    index: dict[str, Path] | None,
+    cfg: ModelConfig,
+    expected: dict[str, tuple[int, ...]],
+) -> dict[str, _Entry]:
+    """Read every header, map names, and check the set of tensors and their shapes
+    against ``expected`` (Transformer name -> shape). Reads no tensor data."""
+    plan: dict[str, _Entry] = {}
+    unexpected: list[str] = []
+    seen: dict[str, Path] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names = list(f.keys())
+                shapes = {}
+                for n in names:
+                    sl = f.get_slice(n)
+                    code = sl.get_dtype()
+                    if code not in _FLOAT_CODES:
+                        raise CheckpointError(
+                            f"{path}: tensor {n!r} has dtype {code}; only float weights "
+                            f"({', '.join(sorted(_FLOAT_CODES))}) can be loaded (quantized checkpoints are not supported)"
+                        )
+                    shapes[n] = tuple(int(s) for s in sl.get_shape())
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises its own SafetensorError / OSError
+            raise CheckpointError(
+                f"{path}: not a readable safetensors file, truncated or corrupt ({e})"
+            ) from None
+        for n in names:
+            if n in seen:
+                raise CheckpointError(f"{path}: tensor {n!r} also appears in {seen[n]}")
+            seen[n] = path
+            if index is not None and n in index and index[n] != path:
+                raise CheckpointError(
+                    f"{path}: holds tensor {n!r} that {INDEX_NAME} places in {index[n].name}"
+                )
+            target = map_name(cfg.family, n, tied=cfg.tie_embeddings)
+            if target == SKIP:
+                continue
+            if target is None or target not in expected:
+                unexpected.append(f"{n} ({path.name})")
+                continue
+            if target in plan:
+                raise CheckpointError(
+                    f"{path}: tensor {n!r} and {plan[target].ckpt_name!r} both map to {target!r}"
+                )
+            if shapes[n] != expected[target]:
+                raise CheckpointError(
+                    f"{path}: tensor {n!r} has shape {list(shapes[n])}, expected "
+                    f"{list(expected[target])} for this config.json"
+                )
+            plan[target] = _Entry(path, n, shapes[n])
+    if index is not None:
+        absent = [n for n in index if n not in seen]
+        if absent:
+            raise CheckpointError(
+                f"{files[0].parent / INDEX_NAME}: lists {len(absent)} tensor(s) not found in their shards, "
+                f"e.g. {', '.join(absent[:5])}"
+            )
+    if unexpected:
+        raise CheckpointError(
+            f"{files[0].parent}: {len(unexpected)} unexpected tensor(s) for family "
+            f"{cfg.family!r}: {', '.join(unexpected[:8])}" + (" ..." if len(unexpected) > 8 else "")
+        )
+    missing = [n for n in expected if n not in plan]
+    if missing:
+        raise CheckpointError(
+            f"{files[0].parent}: {len(missing)} tensor(s) missing for family {cfg.family!r} "
+            f"(Transformer names): {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "")
+        )
+    return plan
+
+
+def _read_tensors(
+    plan: dict[str, _Entry], device: torch.device, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """Read each planned tensor from its memory-mapped file, converted on the way.
+    Tensors are read straight onto CUDA when the target is CUDA."""
+    by_file: dict[Path, list[str]] = {}
+    for target, e in plan.items():
+        by_file.setdefault(e.file, []).append(target)
+    st_device = str(device) if device.type == "cuda" else "cpu"
+    out: dict[str, torch.Tensor] = {}
+    for path, targets in by_file.items():
+        try:
+            with safe_open(str(path), framework="pt", device=st_device) as f:
+                for target in targets:
+                    t = f.get_tensor(plan[target].ckpt_name)
+                    out[target] = t.to(device=device, dtype=dtype)
+                    del t
+        except Exception as e:
+            out.clear()
+            raise CheckpointError(f"{path}: failed while reading tensor data ({e})") from None
+    return out
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _check_special_ids(cfg: ModelConfig, tok: Tokenizer, source: Path) -> ModelConfig:
+    """Fill the config's special ids from the tokenizer and check they fit the
+    embedding table."""
+    cfg = cfg.replace(
+        mask_token_id=tok.mask_id,
+        pad_token_id=tok.pad_id,
+        eos_token_id=tok.eos_id,
+        bos_token_id=tok.bos_id,
+    )
+    for name in ("mask_token_id", "pad_token_id", "eos_token_id", "bos_token_id"):
+        v = getattr(cfg, name)
+        if v is not None and not 0 <= v < cfg.vocab_size:
+            raise ConfigError(
+                f"{source / 'config.json'}: {name}={v} is outside the embedding table "
+                f"(vocab_size={cfg.vocab_size})"
+            )
+    if tok.vocab_size > cfg.vocab_size:
+        raise TokenizerError(
+            f"{tok.source}: has {tok.vocab_size} tokens but config.json vocab_size is "
+            f"{cfg.vocab_size}; ids past the embedding table cannot be embedded"
+        )
+    return cfg
+
+
+def load_model(
+    path: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+) -> LoadedModel:
+    """Load a checkpoint folder and return the resident model.
+
+    path: the checkpoint folder; ``None`` = the shipped default model
+        (:func:`default_model_path`).
+    device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
+    dtype: ``None`` = float32 on CPU, the config's ``torch_dtype`` on CUDA
+        (see :func:`resolve_dtype`); or an explicit ``torch.dtype`` / name.
+
+    Raises CheckpointError, ConfigError or TokenizerError (all ValueError) whose
+    message names the file and the field or tensor at fault.
+    """
+    folder = Path(path) if path is not None else default_model_path()
+    if not folder.is_dir():
+        if path is None:
+            raise CheckpointError(
+                f"{folder}: the default model is not installed (no such folder); "
+                f"pass a checkpoint folder with --model / load_model(path)"
+            )
+        what = "is a file, not a checkpoint folder" if folder.exists() else "no such folder"
+        raise CheckpointError(f"{folder}: {what}")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {dev} requested but CUDA is not available")
+
+    cfg, dialect = read_config(folder)
+    provenance = getattr(dialect, "provenance", None)
+    provenance = dict(provenance) if isinstance(provenance, dict) else {}
+    tok = Tokenizer.from_folder(
+        folder,
+        mask_id=cfg.mask_token_id,
+        pad_id=cfg.pad_token_id,
+        eos_id=cfg.eos_token_id,
+        bos_id=cfg.bos_token_id,
+    )
+    cfg = _check_special_ids(cfg, tok, folder)
+    target_dtype = resolve_dtype(cfg, dev, dtype)
+    files, index = _weight_files(folder)
+
+    with torch.device("meta"):
+        meta_model = Transformer(cfg)
+    expected = {k: tuple(v.shape) for k, v in meta_model.state_dict().items()}
+    plan = _scan(files, index, cfg, expected)
+
+    state = _read_tensors(plan, dev, target_dtype)
+    try:
+        meta_model.load_state_dict(state, strict=True, assign=True)
+    except Exception as e:
+        state.clear()
+        meta_model = None  # drop the half-built module before the error propagates
+        raise CheckpointError(f"{folder}: could not assign weights ({e})") from None
+    state.clear()
+    model = meta_model
+    leftover = [
+        n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta
+    ]
+    if leftover:
+        model = meta_model = None
+        raise CheckpointError(f"{folder}: no data for {', '.join(leftover[:5])}")
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(
+        model=model,
+        tokenizer=tok,
+        config=cfg,
+        path=folder,
+        provenance=provenance,
+        device=dev,
+        dtype=target_dtype,
+        files=files,
+    )

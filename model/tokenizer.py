@@ -43,13 +43,15 @@ class Tokenizer:
         self.source = source
         self.special_ids = frozenset(
             i for i in (mask_id, pad_id, eos_id, bos_id) if i is not None
-        ) | frozenset(t.id for t in self._added_special())
+        ) | frozenset(self._added_special_ids())
 
-    def _added_special(self):
+    def _added_special_ids(self) -> list[int]:
+        """Ids of the tokenizer's added tokens flagged ``special``."""
         try:
-            return [t for t in self._tok.get_added_tokens_decoder().values() if t.special]
-        except Exception:  # older tokenizers
+            decoder = self._tok.get_added_tokens_decoder()  # {id: AddedToken}
+        except AttributeError:  # older tokenizers
             return []
+        return [i for i, t in decoder.items() if t.special]
 
     # -- construction --------------------------------------------------------------------
     @classmethod
