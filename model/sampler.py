@@ -1,0 +1,561 @@
+"""Masked-diffusion infill sampler.
+
+Canvas
+------
+For every candidate hole length ``n`` the sampler builds::
+
+    [BOS] prefix [MASK]*n suffix [EOS]
+
+(BOS left out when ``cfg.bos_token_id`` is None; for a ``shift_logits`` model
+with neither BOS nor prefix, ``cfg.eos_token_id`` is put first so that slot 0
+has a position ``i - 1`` to be read from). All candidate lengths are
+right-padded into ONE batch ``[L, T_max]`` with a key-padding attention mask and
+run in one forward per step. The LM head runs only at the ``N = max(n)`` hole
+slots of each row (``[L, N, D] -> [L, N, V]``), never over the whole canvas;
+for ``cfg.shift_logits`` models the logit for slot position ``p`` is read from
+hidden state ``p - 1``. The mask id is never predicted (its logit is -inf).
+
+Refinement (one call to :func:`denoise_step` per step)
+------------------------------------------------------
+Each step predicts a token for every still-masked slot (argmax at temperature
+0, Gumbel-max sampling from ``softmax(logits / T)`` otherwise) and a score, the
+higher the more confident:
+
+* ``CONFIDENCE``: probability of the predicted token;
+* ``MARGIN``: top-1 minus top-2 probability;
+* ``ENTROPY``: ``exp(-H(p))`` -- an order-preserving map of "lower entropy is
+  better" onto ``(0, 1]`` so that one ``threshold`` scale works for all three.
+
+(At temperature > 0 the probabilities are those of the tempered distribution.)
+With ``steps_left`` steps to go and ``rem`` slots still masked, a row commits
+its ``k`` best slots (ties: lower slot index first), where::
+
+    fixed mode:      k = ceil(rem / steps_left)
+    threshold mode:  k = max(ceil(rem / steps_left), #{slots with score > threshold})
+
+So fixed mode unmasks everything by the last step; threshold mode is
+Fast-dLLM's parallel decoding (the best slot plus all slots above the
+threshold) with the fixed schedule as a floor, which makes ``steps`` a hard
+upper bound. The threshold loop stops as soon as nothing is masked (the only
+host synchronisation inside the loop, in :func:`infill`). The fixed loop runs
+``min(steps, N)`` steps and never synchronises.
+
+Length handling
+---------------
+Training fills a hole of ``n`` slots holding an ``m``-token middle with the
+middle followed by ``n - m`` pads. Accordingly:
+
+* the middle returned is the hole up to (not including) the first pad/EOS;
+* **pad absorption** (``SamplerConfig.absorb_pad``, default on): as soon as a
+  pad/EOS is committed at slot ``j``, every slot after ``j`` becomes a committed
+  pad, including slots committed earlier. The canvas the model sees next then
+  has the training shape (middle, then pads only), later steps spend no work
+  on tokens that trimming would throw away, and the threshold loop ends sooner.
+  With it off, slots after the first pad keep being decoded and are trimmed at
+  the end (the returned middle is defined the same way in both cases).
+
+Ranking score (``Infill.score``)
+--------------------------------
+Each committed slot records ``log p(token)`` under the model's *untempered*
+distribution at the step it was unmasked. The score of a candidate is the mean
+of these values over the returned middle tokens plus the terminator (the first
+pad/EOS) when the hole contains one, i.e. over ``m + 1`` slots (``n`` slots for
+a hole filled to the brim). Why this one:
+
+* Commit-time log-probs are free (computed by the step anyway) and their sum is
+  the model's log-likelihood of the filling in the order it was decoded (an
+  any-order autoregressive factorisation; approximate when several slots are
+  committed in one step). Re-scoring the final middle instead would need one
+  forward per middle token with that token masked (a masked-diffusion model
+  cannot score a token it sees), far too slow for an editor.
+* The terminator's log-prob is where the length decision is made: "the middle
+  ends here" is what distinguishes a good length from a truncated one.
+* The pads after the terminator are left out: they are forced by absorption
+  (and nearly certain without it), so counting them would reward long holes
+  for padding alone -- with ``n = 32`` and a 5-token middle, 26 near-zero terms
+  would drown the evidence. Averaging over ``m + 1`` makes candidates with
+  different ``n`` comparable: the same middle reached from two lengths gets
+  (nearly) the same score, whatever ``n`` was.
+
+Results come back best first (ties: order of ``SamplerConfig.lengths``).
+Candidates whose trimmed middle is identical to a better-ranked one are
+dropped unless ``dedup=False`` is passed, so fewer than ``len(lengths)``
+results may be returned.
+
+Randomness
+----------
+Sampling noise is drawn per candidate from a generator seeded with
+``(seed, n)`` (``n`` the hole length), one ``[n, V]`` uniform draw per step.
+So a candidate's result does not depend on which other lengths share the batch,
+the same seed reproduces the same result, and :func:`infill_reference`
+reproduces the fast path token for token even at temperature > 0.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from .config import ModelConfig
+
+
+class Strategy(enum.Enum):
+    CONFIDENCE = "confidence"
+    MARGIN = "margin"
+    ENTROPY = "entropy"
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    steps: int = 8  # fixed number of refinement steps (upper bound with threshold)
+    threshold: float | None = (
+        None  # each step unmask the best plus every slot with score > threshold
+    )
+    strategy: Strategy = Strategy.CONFIDENCE
+    temperature: float = 0.0  # 0 = greedy/deterministic
+    seed: int | None = None
+    lengths: tuple[int, ...] = (16,)  # candidate hole lengths, batched, ranked by model score
+    absorb_pad: bool = True  # once a pad/EOS is committed at slot j, the rest of the hole is pad
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"SamplerConfig.steps must be >= 1, got {self.steps}")
+        if not self.lengths or any(int(n) < 1 for n in self.lengths):
+            raise ValueError(
+                f"SamplerConfig.lengths must be non-empty and >= 1, got {self.lengths}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"SamplerConfig.temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.strategy, Strategy):
+            object.__setattr__(self, "strategy", Strategy(self.strategy))
+
+
+class InfillCancelled(Exception):
+    """Raised by :func:`infill` when the cancel callback returns True between steps."""
+
+
+@dataclass
+class Infill:
+    ids: list[int]  # the middle, trimmed (pad/eos removed, nothing after the first pad/eos)
+    length: int  # hole length n of the canvas it came from
+    score: float  # ranking score, higher is better (mean commit-time log-prob, see module doc)
+    steps: int  # steps actually run for this candidate
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    mask: int
+    pad: int  # filler written after the first terminator and used for batch padding
+    terminators: tuple[int, ...]  # ids that end the middle (pad, eos)
+    bos: int | None
+    eos: int | None
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> SpecialIds:
+        if cfg.mask_token_id is None:
+            raise ValueError(
+                "ModelConfig.mask_token_id is None; a masked-diffusion model needs one"
+            )
+        pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+        if pad is None:
+            raise ValueError("ModelConfig has neither pad_token_id nor eos_token_id")
+        terms = tuple(sorted({i for i in (cfg.pad_token_id, cfg.eos_token_id) if i is not None}))
+        return cls(cfg.mask_token_id, pad, terms, cfg.bos_token_id, cfg.eos_token_id)
+
+
+def canvas_start(cfg: ModelConfig, n_prefix: int) -> list[int]:
+    """The ids put before the prefix: [BOS], or for a shift model with neither BOS
+    nor prefix, [EOS] (so hole slot 0 has a position to be read from)."""
+    if cfg.bos_token_id is not None:
+        return [cfg.bos_token_id]
+    if cfg.shift_logits and n_prefix == 0:
+        sp = SpecialIds.from_config(cfg)
+        return [sp.eos if sp.eos is not None else sp.pad]
+    return []
+
+
+def canvas_length(cfg: ModelConfig, n_prefix: int, n_suffix: int, n_hole: int) -> int:
+    """Length of the canvas ``[BOS] prefix [MASK]*n suffix [EOS]``."""
+    return (
+        len(canvas_start(cfg, n_prefix))
+        + n_prefix
+        + n_hole
+        + n_suffix
+        + (cfg.eos_token_id is not None)
+    )
+
+
+def _check_ids(ids: Sequence[int], vocab: int, what: str) -> None:
+    for i in ids:
+        if not 0 <= i < vocab:
+            raise ValueError(f"{what} holds token id {i}, outside the vocabulary [0, {vocab})")
+
+
+def candidate_lengths(lengths: Sequence[int]) -> list[int]:
+    """Validated, de-duplicated candidate lengths in the order given."""
+    out: list[int] = []
+    for n in lengths:
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"hole lengths must be >= 1, got {n}")
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise ValueError("at least one hole length is needed")
+    return out
+
+
+def _model_device(model: Any) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device(getattr(model, "device", "cpu"))
+
+
+def _seed_for(seed: int, n: int) -> int:
+    """Per-candidate generator seed: depends on the request seed and the hole length only."""
+    return (seed * 1_000_003 + n * 7919) % (2**63 - 1)
+
+
+def _gumbel(u: torch.Tensor) -> torch.Tensor:
+    """Uniform [0, 1) noise -> standard Gumbel noise."""
+    return -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+
+
+def token_scores(
+    logits: torch.Tensor, strategy: Strategy, temperature: float, noise: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits [..., V] (fp32, mask id already -inf); noise [..., V] uniform or None.
+
+    Returns (token [...] long, score [...] float, logp [...] float): the predicted
+    token, its strategy score (higher = more confident) and its untempered log-prob.
+    """
+    logp_all = torch.log_softmax(logits, dim=-1)
+    if temperature > 0:
+        scaled = logits / temperature
+        logq = torch.log_softmax(scaled, dim=-1)
+        assert noise is not None, "temperature > 0 needs noise"
+        tok = (scaled + _gumbel(noise)).argmax(dim=-1)
+    else:
+        logq = logp_all
+        tok = logits.argmax(dim=-1)
+    q = logq.exp()
+    if strategy is Strategy.CONFIDENCE:
+        score = q.gather(-1, tok[..., None])[..., 0]
+    elif strategy is Strategy.MARGIN:
+        top2 = q.topk(2, dim=-1).values
+        score = top2[..., 0] - top2[..., 1]
+    elif strategy is Strategy.ENTROPY:
+        score = torch.exp((q * logq.clamp_min(-1e30)).sum(-1))  # exp(-H)
+    else:  # pragma: no cover
+        raise ValueError(f"unknown strategy {strategy}")
+    return tok, score, logp_all.gather(-1, tok[..., None])[..., 0]
+
+
+# --------------------------------------------------------------------------- fast path
+
+
+class Canvas(NamedTuple):
+    """Batched canvases of L candidates (N = max hole length).
+
+    ids [L, T] long, attn [L, T] bool (True = real token), hole_pos [L, N] long
+    (canvas position of hole slot j; slots j >= n_r point at unique padding
+    positions of row r), valid [L, N] bool (j < n_r).
+    """
+
+    ids: torch.Tensor
+    attn: torch.Tensor
+    hole_pos: torch.Tensor
+    valid: torch.Tensor
+
+
+class DenoiseState(NamedTuple):
+    """Loop state. ids [L, T]; masked [L, N] bool (valid and still masked);
+    logp [L, N] commit-time log-prob (0 where not committed); steps [L] long
+    (steps run while the row still had masked slots)."""
+
+    ids: torch.Tensor
+    masked: torch.Tensor
+    logp: torch.Tensor
+    steps: torch.Tensor
+
+
+def build_canvas(
+    cfg: ModelConfig,
+    prefix_ids: Sequence[int],
+    suffix_ids: Sequence[int],
+    lengths: Sequence[int],
+    device: torch.device | str = "cpu",
+) -> Canvas:
+    sp = SpecialIds.from_config(cfg)
+    start = canvas_start(cfg, len(prefix_ids))
+    head = start + list(prefix_ids)
+    tail = list(suffix_ids) + ([sp.eos] if sp.eos is not None else [])
+    s = len(head)
+    n_max = max(lengths)
+    T = s + n_max + len(tail)
+    L = len(lengths)
+    ids = torch.full((L, T), sp.pad, dtype=torch.long)
+    attn = torch.zeros((L, T), dtype=torch.bool)
+    hole_pos = torch.empty((L, n_max), dtype=torch.long)
+    valid = torch.zeros((L, n_max), dtype=torch.bool)
+    head_t = torch.tensor(head, dtype=torch.long)
+    tail_t = torch.tensor(tail, dtype=torch.long)
+    for r, n in enumerate(lengths):
+        row = torch.cat((head_t, torch.full((n,), sp.mask, dtype=torch.long), tail_t))
+        ids[r, : row.numel()] = row
+        attn[r, : row.numel()] = True
+        hole_pos[r, :n] = torch.arange(s, s + n)
+        # the row is n_max - n shorter than T: its padding tail hosts the unused slots
+        hole_pos[r, n:] = torch.arange(row.numel(), row.numel() + n_max - n)
+        valid[r, :n] = True
+    return Canvas(ids.to(device), attn.to(device), hole_pos.to(device), valid.to(device))
+
+
+def denoise_step(
+    model: Any,
+    canvas: Canvas,
+    state: DenoiseState,
+    steps_left: int | torch.Tensor,
+    *,
+    mask_id: int,
+    pad_id: int,
+    terminators: tuple[int, ...],
+    shift: bool,
+    strategy: Strategy,
+    threshold: float,
+    temperature: float,
+    absorb_pad: bool,
+    noise: torch.Tensor | None = None,
+) -> DenoiseState:
+    """One refinement step over the whole batch; pure (returns a new state).
+
+    model: forward_hidden(ids [L,T], attention_mask [L,T]) -> (hidden [L,T,D], _),
+    head(hidden [..., D]) -> logits [..., V]. threshold = +inf in fixed mode.
+    noise: [L, N, V] uniform in [0, 1) when temperature > 0.
+    No host synchronisation.
+    """
+    ids, masked, logp, steps = state
+    hidden, _ = model.forward_hidden(ids, canvas.attn)
+    src = canvas.hole_pos - 1 if shift else canvas.hole_pos  # [L, N]
+    src = src.clamp_min(0)
+    h = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # [L, N, D]
+    logits = model.head(h).float()  # [L, N, V]
+    logits[..., mask_id] = float("-inf")
+    tok, score, tok_logp = token_scores(logits, strategy, temperature, noise)
+
+    rem = masked.sum(1)  # [L]
+    k = torch.div(rem + steps_left - 1, steps_left, rounding_mode="floor")
+    if threshold != float("inf"):
+        k = torch.maximum(k, ((score > threshold) & masked).sum(1))
+    score = score.masked_fill(~masked, float("-inf"))
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(
+        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+    )
+    sel = (rank < k[:, None]) & masked  # [L, N]
+
+    hole = ids.gather(1, canvas.hole_pos)
+    hole = torch.where(sel, tok, hole)
+    logp = torch.where(sel, tok_logp, logp)
+    masked = masked & ~sel
+    if absorb_pad:
+        is_term = torch.zeros_like(masked)
+        for t in terminators:
+            is_term |= hole == t
+        is_term &= canvas.valid & ~masked
+        c = is_term.long().cumsum(1)
+        after = (c - is_term.long()) > 0  # strictly after the first committed terminator
+        after &= canvas.valid
+        hole = torch.where(after, torch.full_like(hole, pad_id), hole)
+        logp = logp.masked_fill(after, 0.0)
+        masked = masked & ~after
+    ids = ids.scatter(1, canvas.hole_pos, hole)
+    return DenoiseState(ids, masked, logp, steps + (rem > 0).long())
+
+
+def _trim(
+    hole: list[int], logp: list[float], terminators: tuple[int, ...]
+) -> tuple[list[int], float]:
+    """hole tokens [n] and their commit log-probs -> (middle, mean log-prob over middle + terminator)."""
+    end = len(hole)
+    for j, t in enumerate(hole):
+        if t in terminators:
+            end = j
+            break
+    counted = logp[: min(end + 1, len(hole))]
+    return hole[:end], float(sum(counted) / len(counted))
+
+
+def _rank(cands: list[Infill], order: list[int], dedup: bool) -> list[Infill]:
+    idx = sorted(range(len(cands)), key=lambda i: (-cands[i].score, order[i]))
+    out: list[Infill] = []
+    seen: set[tuple[int, ...]] = set()
+    for i in idx:
+        key = tuple(cands[i].ids)
+        if dedup and key in seen:
+            continue
+        seen.add(key)
+        out.append(cands[i])
+    return out
+
+
+def _check_request(cfg: ModelConfig, prefix_ids: Sequence[int], suffix_ids: Sequence[int]) -> None:
+    _check_ids(prefix_ids, cfg.vocab_size, "prefix_ids")
+    _check_ids(suffix_ids, cfg.vocab_size, "suffix_ids")
+
+
+@torch.inference_mode()
+def infill(
+    model: Any,
+    cfg: ModelConfig,
+    prefix_ids: list[int],
+    suffix_ids: list[int],
+    sc: SamplerConfig,
+    cancel: Callable[[], bool] | None = None,
+    *,
+    dedup: bool = True,
+) -> list[Infill]:
+    """Fill the hole between prefix and suffix; best candidate first (see module doc).
+
+    All candidate lengths run in one batch, one forward per step. Raises
+    :class:`InfillCancelled` if ``cancel()`` returns True before a step.
+    """
+    sp = SpecialIds.from_config(cfg)
+    lengths = candidate_lengths(sc.lengths)
+    _check_request(cfg, prefix_ids, suffix_ids)
+    device = _model_device(model)
+    cv = build_canvas(cfg, prefix_ids, suffix_ids, lengths, device)
+    L, N = cv.valid.shape
+    state = DenoiseState(
+        cv.ids,
+        cv.valid.clone(),
+        torch.zeros((L, N), dtype=torch.float32, device=device),
+        torch.zeros((L,), dtype=torch.long, device=device),
+    )
+    threshold = float("inf") if sc.threshold is None else float(sc.threshold)
+    gens: list[torch.Generator] = []
+    if sc.temperature > 0:
+        seed = sc.seed if sc.seed is not None else secrets.randbits(62)
+        gens = [torch.Generator(device=device).manual_seed(_seed_for(seed, n)) for n in lengths]
+    n_loop = sc.steps if sc.threshold is not None else min(sc.steps, N)
+    for s in range(n_loop):
+        if cancel is not None and cancel():
+            raise InfillCancelled(f"infill cancelled before step {s + 1}")
+        noise = None
+        if gens:
+            noise = torch.zeros((L, N, cfg.vocab_size), dtype=torch.float32, device=device)
+            for r, n in enumerate(lengths):
+                noise[r, :n] = torch.rand((n, cfg.vocab_size), generator=gens[r], device=device)
+        state = denoise_step(
+            model,
+            cv,
+            state,
+            sc.steps - s,
+            mask_id=sp.mask,
+            pad_id=sp.pad,
+            terminators=sp.terminators,
+            shift=cfg.shift_logits,
+            strategy=sc.strategy,
+            threshold=threshold,
+            temperature=sc.temperature,
+            absorb_pad=sc.absorb_pad,
+            noise=noise,
+        )
+        # the one host synchronisation of the loop (threshold mode only)
+        if sc.threshold is not None and not bool(state.masked.any()):
+            break
+    hole = state.ids.gather(1, cv.hole_pos).tolist()
+    logp = state.logp.tolist()
+    steps = state.steps.tolist()
+    cands = []
+    for r, n in enumerate(lengths):
+        mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
+        cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
+    return _rank(cands, list(range(len(lengths))), dedup)
+
+
+# --------------------------------------------------------------------------- reference
+
+
+@torch.inference_mode()
+def infill_reference(
+    model: Any,
+    cfg: ModelConfig,
+    prefix_ids: list[int],
+    suffix_ids: list[int],
+    sc: SamplerConfig,
+    cancel: Callable[[], bool] | None = None,
+    *,
+    dedup: bool = True,
+) -> list[Infill]:
+    """Slow, obviously correct version of :func:`infill`: one candidate at a time,
+    a full forward (full-vocabulary logits at every position) per step, Python
+    loops over slots. Same rules, same results."""
+    sp = SpecialIds.from_config(cfg)
+    lengths = candidate_lengths(sc.lengths)
+    _check_request(cfg, prefix_ids, suffix_ids)
+    device = _model_device(model)
+    V = cfg.vocab_size
+    seed = sc.seed if sc.seed is not None else secrets.randbits(62)
+    cands: list[Infill] = []
+    for n in lengths:
+        head = canvas_start(cfg, len(prefix_ids)) + list(prefix_ids)
+        tail = list(suffix_ids) + ([sp.eos] if sp.eos is not None else [])
+        canvas = head + [sp.mask] * n + tail
+        s0 = len(head)
+        masked = [True] * n
+        logps = [0.0] * n
+        gen = torch.Generator(device=device).manual_seed(_seed_for(seed, n))
+        steps_run = 0
+        for s in range(sc.steps):
+            if cancel is not None and cancel():
+                raise InfillCancelled(f"infill cancelled before step {s + 1}")
+            noise = None
+            if sc.temperature > 0:
+                noise = torch.rand((n, V), generator=gen, device=device)
+            rem = sum(masked)
+            if rem == 0:
+                break
+            steps_run += 1
+            logits_all = model(torch.tensor([canvas], device=device))[0].float()  # [T, V]
+            preds: dict[int, tuple[int, float, float]] = {}
+            for j in range(n):
+                if not masked[j]:
+                    continue
+                pos = s0 + j - 1 if cfg.shift_logits else s0 + j
+                lg = logits_all[pos].clone()
+                lg[sp.mask] = float("-inf")
+                tok, score, lp = token_scores(
+                    lg, sc.strategy, sc.temperature, None if noise is None else noise[j]
+                )
+                preds[j] = (int(tok), float(score), float(lp))
+            k = math.ceil(rem / (sc.steps - s))
+            if sc.threshold is not None:
+                k = max(k, sum(1 for p in preds.values() if p[1] > sc.threshold))
+            ranked = sorted(preds, key=lambda j: (-preds[j][1], j))
+            for j in ranked[:k]:
+                canvas[s0 + j] = preds[j][0]
+                logps[j] = preds[j][2]
+                masked[j] = False
+            if sc.absorb_pad:
+                first = next(
+                    (j for j in range(n) if not masked[j] and canvas[s0 + j] in sp.terminators),
+                    None,
+                )
+                if first is not None:
+                    for j in range(first + 1, n):
+                        canvas[s0 + j] = sp.pad
+                        logps[j] = 0.0
+                        masked[j] = False
+        mid, score = _trim(canvas[s0 : s0 + n], logps, sp.terminators)
+        cands.append(Infill(ids=mid, length=n, score=score, steps=steps_run))
+    return _rank(cands, list(range(len(lengths))), dedup)
