@@ -103,7 +103,13 @@ class _HFBase(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     eos_token_id: int | list[int] | None = None
     bos_token_id: int | list[int] | None = None
     torch_dtype: str | None = None
+    dtype: str | None = None  # transformers >= 5 writes ``dtype`` instead of ``torch_dtype``
     attention_bias: bool | None = None
+    hidden_act: str = "silu"
+    # transformers >= 5 moves rope_theta into rope_parameters; older configs use rope_scaling.
+    rope_parameters: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None
+    use_sliding_window: bool = False
 
 
 class Qwen2Dialect(_HFBase, kw_only=True):
@@ -127,11 +133,31 @@ class LlamaDialect(_HFBase, kw_only=True):
         return _hf_common(self, family="llama", qkv_bias=bias, qk_norm=False, shift=True)
 
 
+def _hf_rope_theta(c: _HFBase) -> float:
+    """rope_theta from ``rope_parameters`` (transformers >= 5) or the top-level key;
+    only plain (unscaled) rotary embeddings are supported."""
+    theta = float(c.rope_theta)
+    for key in ("rope_parameters", "rope_scaling"):
+        rp = getattr(c, key)
+        if not rp:
+            continue
+        kind = rp.get("rope_type", rp.get("type", "default"))
+        if kind not in (None, "default"):
+            raise ConfigError(f"field {key}.rope_type={kind!r} is not supported (only 'default' rotary)")
+        if "rope_theta" in rp:
+            theta = float(rp["rope_theta"])
+    return theta
+
+
 def _hf_common(c: _HFBase, *, family: str, qkv_bias: bool, qk_norm: bool, shift: bool) -> ModelConfig:
     if c.hidden_size % c.num_attention_heads and c.head_dim is None:
         raise ConfigError(
             f"hidden_size={c.hidden_size} is not divisible by num_attention_heads={c.num_attention_heads}"
         )
+    if c.hidden_act not in ("silu", "swish"):
+        raise ConfigError(f"field hidden_act={c.hidden_act!r} is not supported (only 'silu')")
+    if c.use_sliding_window:
+        raise ConfigError("field use_sliding_window=true is not supported (full attention only)")
     return ModelConfig(
         family=family,
         vocab_size=c.vocab_size,
@@ -141,7 +167,7 @@ def _hf_common(c: _HFBase, *, family: str, qkv_bias: bool, qk_norm: bool, shift:
         num_heads=c.num_attention_heads,
         num_kv_heads=c.num_key_value_heads or c.num_attention_heads,
         head_dim=c.head_dim or c.hidden_size // c.num_attention_heads,
-        rope_theta=float(c.rope_theta),
+        rope_theta=_hf_rope_theta(c),
         rms_norm_eps=float(c.rms_norm_eps),
         qkv_bias=qkv_bias,
         qk_norm=qk_norm,
@@ -153,7 +179,7 @@ def _hf_common(c: _HFBase, *, family: str, qkv_bias: bool, qk_norm: bool, shift:
         bos_token_id=_first_int(c.bos_token_id),
         shift_logits=shift,
         architectures=list(c.architectures),
-        torch_dtype=c.torch_dtype,
+        torch_dtype=c.torch_dtype or c.dtype,
     )
 
 
@@ -180,8 +206,39 @@ class LLaDADialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     pad_token_id: int | None = 126081
     eos_token_id: int | None = 126081
     bos_token_id: int | None = 126080
+    # OLMo/LLaDA switches; only the values LLaDA 8B / 1.5 use are supported.
+    block_type: str = "llama"
+    activation_type: str = "silu"
+    layer_norm_type: str = "rms"
+    rope: bool = True
+    alibi: bool = False
+    scale_logits: bool = False
+    input_emb_norm: bool = False
+    attention_layer_norm: bool = False
+    block_group_size: int = 1
+    multi_query_attention: bool | None = None
+    torch_dtype: str | None = None
+
+    def _check_supported(self) -> None:
+        want = {
+            "block_type": "llama",
+            "activation_type": "silu",
+            "layer_norm_type": "rms",
+            "rope": True,
+            "alibi": False,
+            "scale_logits": False,
+            "input_emb_norm": False,
+            "attention_layer_norm": False,
+            "block_group_size": 1,
+            "include_bias": False,  # biases on every linear layer; the Transformer has q/k/v bias only
+        }
+        for name, ok in want.items():
+            got = getattr(self, name)
+            if got != ok:
+                raise ConfigError(f"field {name}={got!r} is not supported (diffill supports {ok!r})")
 
     def to_model_config(self) -> ModelConfig:
+        self._check_supported()
         return ModelConfig(
             family="llada",
             vocab_size=self.embedding_size or self.vocab_size,
@@ -189,11 +246,11 @@ class LLaDADialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
             intermediate_size=self.mlp_hidden_size or self.mlp_ratio * self.d_model,
             num_layers=self.n_layers,
             num_heads=self.n_heads,
-            num_kv_heads=self.n_kv_heads or self.n_heads,
+            num_kv_heads=self.n_kv_heads or (1 if self.multi_query_attention else self.n_heads),
             head_dim=self.d_model // self.n_heads,
             rope_theta=float(self.rope_theta),
             rms_norm_eps=float(self.rms_norm_eps),
-            qkv_bias=bool(self.include_qkv_bias or self.include_bias),
+            qkv_bias=bool(self.include_qkv_bias),
             qk_norm=False,
             tie_embeddings=bool(self.weight_tying),
             max_position_embeddings=self.max_sequence_length,
@@ -203,6 +260,7 @@ class LLaDADialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
             bos_token_id=self.bos_token_id,
             shift_logits=False,
             architectures=list(self.architectures),
+            torch_dtype=self.torch_dtype,
         )
 
 
@@ -330,7 +388,11 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> tuple[Mode
         parsed = msgspec.convert(raw, dialect, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{source}: {e}") from None
-    cfg = parsed.to_model_config()
+    try:
+        cfg = parsed.to_model_config()
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{source}: field {name} must be positive, got {getattr(cfg, name)}")

@@ -327,7 +327,7 @@ def load_model(
     Raises CheckpointError, ConfigError or TokenizerError (all ValueError) whose
     message names the file and the field or tensor at fault.
     """
-    folder = Path(path) if path is not None else default_model_path()
+    folder = (Path(path) if path is not None else default_model_path()).expanduser().resolve()
     if not folder.is_dir():
         if path is None:
             raise CheckpointError(

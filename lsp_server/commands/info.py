@@ -1,0 +1,145 @@
+"""``diffill info``: load a model and describe it.
+
+The report is a list of named sections, each produced by a function of the
+loaded model (see :data:`SECTIONS`); later work (e.g. the engine's step plan)
+adds a section by appending one function. ``--json`` prints the same sections
+as one JSON object keyed by section name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from diffill.model.attention import resolved_backend
+from diffill.model.loader import LoadedModel, load_model
+
+Section = Callable[[LoadedModel, argparse.Namespace], dict[str, Any]]
+
+
+def model_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+    cfg = lm.config
+    return {
+        "path": str(lm.path),
+        "family": cfg.family,
+        "architectures": list(cfg.architectures),
+        "parameters": lm.num_parameters,
+        "vocab_size": cfg.vocab_size,
+        "tokenizer_vocab": lm.tokenizer.vocab_size,
+        "layers": cfg.num_layers,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "heads": cfg.num_heads,
+        "kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rope_theta": cfg.rope_theta,
+        "qk_norm": cfg.qk_norm,
+        "qkv_bias": cfg.qkv_bias,
+        "tied_embeddings": cfg.tie_embeddings,
+        "shift_logits": cfg.shift_logits,
+        "files": [p.name for p in lm.files],
+    }
+
+
+def runtime_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "attention_backend": resolved_backend(lm.device, lm.dtype),
+    }
+
+
+def special_tokens_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, i in (
+        ("mask", lm.config.mask_token_id),
+        ("pad", lm.config.pad_token_id),
+        ("eos", lm.config.eos_token_id),
+        ("bos", lm.config.bos_token_id),
+    ):
+        out[key] = None if i is None else {"id": i, "token": lm.tokenizer.id_to_token(i)}
+    return out
+
+
+def provenance_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+    return dict(lm.provenance)
+
+
+# (name, function); a section returning an empty dict is omitted.
+SECTIONS: list[tuple[str, Section]] = [
+    ("model", model_section),
+    ("runtime", runtime_section),
+    ("special_tokens", special_tokens_section),
+    ("provenance", provenance_section),
+]
+
+
+def collect(lm: LoadedModel, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    report: dict[str, dict[str, Any]] = {}
+    for name, fn in SECTIONS:
+        section = fn(lm, args)
+        if section:
+            report[name] = section
+    return report
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, dict) and set(v) == {"id", "token"}:
+        return f"{v['id']} {v['token']!r}" if v["token"] is not None else str(v["id"])
+    if isinstance(v, list):
+        return ", ".join(str(x) for x in v) if v else "-"
+    if isinstance(v, (dict,)):
+        return json.dumps(v, sort_keys=True)
+    if v is None:
+        return "-"
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:
+        return f"{v:,}"
+    return str(v)
+
+
+def render_text(report: dict[str, dict[str, Any]]) -> str:
+    lines: list[str] = []
+    for name, section in report.items():
+        lines.append(f"[{name}]")
+        width = max(len(k) for k in section)
+        for k, v in section.items():
+            lines.append(f"  {k:<{width}}  {_fmt(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "info",
+        help="load a model and describe it",
+        description="Load a checkpoint folder and print its family, shapes, special tokens, "
+        "device, dtype, attention backend and provenance.",
+    )
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        default=None,
+        help="checkpoint folder (default: the shipped model)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument(
+        "--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    except (ValueError, RuntimeError) as e:
+        print(f"diffill info: {e}", file=sys.stderr)
+        return 1
+    report = collect(lm, args)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    else:
+        sys.stdout.write(render_text(report))
+    return 0
