@@ -1,0 +1,241 @@
+"""Where middles come from: a :class:`Backend` turns a :class:`FimContext` into
+candidate middles (text). The language server and the CLI only see this protocol.
+
+* :class:`LocalBackend` -- the resident model in this process
+  (:class:`diffill.model.engine.Engine`), token ids straight from the context.
+* a remote backend (``backend="openai"``: an OpenAI-compatible ``/v1/completions``
+  endpoint with ``prompt`` + ``suffix``) implements the same protocol: it sends
+  ``ctx.prefix`` / ``ctx.suffix`` as text and may count tokens with a local
+  tokenizer or an estimate. Register it in :data:`BACKENDS` under its name.
+
+Cancellation: ``infill`` calls ``cancel()`` between refinement steps and raises
+:class:`Cancelled` when it returns True.
+
+Test hook: the environment variable ``DIFFILL_DEBUG_STEP_DELAY_MS`` makes
+:class:`LocalBackend` sleep that long inside every cancel check, i.e. once per
+diffusion step, so end-to-end tests get deterministic slowness for
+cancellation and supersession. Never set it in normal use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from .context import FimContext
+
+CancelFn = Callable[[], bool]
+DEBUG_DELAY_ENV = "DIFFILL_DEBUG_STEP_DELAY_MS"
+
+
+class Cancelled(Exception):
+    """The request was cancelled (superseded, document changed, $/cancelRequest)."""
+
+
+class BackendError(RuntimeError):
+    """A backend could not produce candidates (bad request, remote failure, ...)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A raw middle (not post-processed) and its ranking score (higher is better)."""
+
+    text: str
+    score: float
+    tokens: int = 0
+    steps: int = 0
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the completer needs from a model, local or remote."""
+
+    name: str
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text in the model's tokenizer (context budgets use this)."""
+        ...
+
+    def max_context_tokens(self, max_tokens: int) -> int | None:
+        """Largest prefix + suffix the model accepts with a ``max_tokens`` hole (None: no limit)."""
+        ...
+
+    def infill(
+        self,
+        ctx: FimContext,
+        *,
+        n: int,
+        max_tokens: int,
+        steps: int | None = None,
+        latency_budget_ms: float | None = None,
+        cancel: CancelFn | None = None,
+    ) -> list[Candidate]:
+        """Up to ``n`` candidate middles, best first. Raises :class:`Cancelled`."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """``{"model", "family", "device", ...}`` for status reports."""
+        ...
+
+
+def spread_lengths(max_tokens: int, n: int) -> tuple[int, ...] | None:
+    """Candidate hole lengths for ``n`` candidates under ``max_tokens``: ``None`` for one
+    candidate (the engine's default set), else halving down from ``max_tokens``."""
+    if n <= 1:
+        return None
+    out: list[int] = []
+    length = max_tokens
+    while len(out) < n and length >= 2:
+        out.append(length)
+        length //= 2
+    return tuple(sorted(set(out))) or (max_tokens,)
+
+
+def debug_step_delay_s() -> float:
+    """Seconds from ``DIFFILL_DEBUG_STEP_DELAY_MS`` (test hook; 0 when unset/bad)."""
+    try:
+        return max(0.0, float(os.environ.get(DEBUG_DELAY_ENV, "0")) / 1000.0)
+    except ValueError:
+        return 0.0
+
+
+class StepTimer:
+    """Running estimate of model milliseconds per diffusion step (exponential average),
+    used to turn a latency budget into a step count."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.ms_per_step: float | None = None
+        self._lock = threading.Lock()
+
+    def observe(self, ms: float, steps: int) -> None:
+        if steps <= 0:
+            return
+        v = ms / steps
+        with self._lock:
+            self.ms_per_step = v if self.ms_per_step is None else (
+                (1 - self.alpha) * self.ms_per_step + self.alpha * v
+            )
+
+    def steps_for(self, budget_ms: float, max_steps: int, default: int) -> int:
+        if self.ms_per_step is None or self.ms_per_step <= 0:
+            return max(1, min(default, max_steps))
+        return max(1, min(max_steps, int(budget_ms / self.ms_per_step)))
+
+
+class LocalBackend:
+    """The in-process model through :class:`diffill.model.engine.Engine`."""
+
+    name = "local"
+
+    def __init__(self, engine: Any, *, max_steps: int = 16, step_delay_s: float | None = None) -> None:
+        self.engine = engine
+        self.max_steps = max_steps
+        self.timer = StepTimer()
+        self.step_delay_s = debug_step_delay_s() if step_delay_s is None else step_delay_s
+        self.model_calls = 0
+
+    # -- protocol --------------------------------------------------------------------------
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.engine.tokenizer.encode_batch(texts)
+
+    def max_context_tokens(self, max_tokens: int) -> int | None:
+        limit = getattr(self.engine.config, "max_position_embeddings", None)
+        if not limit:
+            return None
+        return max(0, int(limit) - max_tokens - 2)  # BOS + EOS around the canvas
+
+    def infill(
+        self,
+        ctx: FimContext,
+        *,
+        n: int,
+        max_tokens: int,
+        steps: int | None = None,
+        latency_budget_ms: float | None = None,
+        cancel: CancelFn | None = None,
+    ) -> list[Candidate]:
+        from diffill.model.sampler import InfillCancelled
+
+        if steps is None and latency_budget_ms is not None:
+            steps = self.timer.steps_for(
+                latency_budget_ms, self.max_steps, self.engine.sampler.steps
+            )
+        check = self._wrap_cancel(cancel)
+        self.model_calls += 1
+        t0 = time.perf_counter()
+        try:
+            results = self.engine.infill(
+                ctx.prefix_ids,
+                ctx.suffix_ids,
+                max_tokens=max_tokens,
+                lengths=spread_lengths(max_tokens, n),
+                steps=steps,
+                cancel=check,
+            )
+        except InfillCancelled as e:
+            raise Cancelled(str(e)) from None
+        except ValueError as e:
+            raise BackendError(str(e)) from None
+        ms = (time.perf_counter() - t0) * 1000.0
+        if results and self.step_delay_s == 0:
+            self.timer.observe(ms, max(r.steps for r in results))
+        tok = self.engine.tokenizer
+        return [
+            Candidate(text=tok.decode(r.ids), score=float(r.score), tokens=len(r.ids), steps=r.steps)
+            for r in results
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        lm = self.engine.lm
+        cfg = self.engine.config
+        return {
+            "backend": self.name,
+            "model": str(getattr(lm, "path", "")),
+            "family": getattr(cfg, "family", None),
+            "device": str(self.engine.device),
+            "dtype": str(self.engine.dtype).replace("torch.", ""),
+            "ms_per_step": self.timer.ms_per_step,
+        }
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _wrap_cancel(self, cancel: CancelFn | None) -> CancelFn | None:
+        delay = self.step_delay_s
+        if not delay:
+            return cancel
+
+        def check() -> bool:
+            time.sleep(delay)
+            return bool(cancel and cancel())
+
+        return check
+
+    def warmup(self) -> None:
+        """One tiny infill: first-call overheads paid, ms/step measured."""
+        ids = self.encode_batch(["def f(x):\n    return ", "\n"])
+        t0 = time.perf_counter()
+        res = self.engine.infill(ids[0], ids[1], max_tokens=8, steps=2)
+        ms = (time.perf_counter() - t0) * 1000.0
+        if res and self.step_delay_s == 0:
+            self.timer.observe(ms, max(r.steps for r in res))
+
+
+def load_local_backend(model_path: str | None, device: str = "cpu", *, max_steps: int = 16) -> LocalBackend:
+    """Load a checkpoint (None = the shipped default model) into a :class:`LocalBackend`."""
+    from diffill.model import load_model
+    from diffill.model.engine import Engine
+
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    lm = load_model(model_path, device=device)
+    return LocalBackend(Engine(lm), max_steps=max_steps)
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {"local": load_local_backend}
+"""Backend name (options ``backend``) -> factory(model_path, device, **kw)."""

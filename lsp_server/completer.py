@@ -1,0 +1,193 @@
+"""Text-level completion API: buffer + cursor offset -> post-processed suggestions.
+
+Used by the language server, ``diffill complete``, the evaluation harness and the
+HTTP server::
+
+    completer = make_completer("path/to/checkpoint", device="cpu", max_tokens=32)
+    [s.text for s in completer.complete(source, offset, n=3)]
+
+A :class:`Suggestion` is what to insert at the cursor; ``replace_right`` > 0 means
+it also replaces that many characters right of the cursor on the cursor line
+(auto-closed characters the suggestion reproduces, see :mod:`.postprocess`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .backends import Backend, CancelFn, Candidate
+from .context import FimContext, Snippet, build_context, comment_prefix
+from .options import WIRE_NAMES, CompletionOptions, merge_options
+from .postprocess import Processed, dedupe, postprocess
+
+
+@dataclass
+class Suggestion:
+    text: str
+    score: float
+    replace_right: int = 0
+    raw: str = field(default="", repr=False)
+
+
+@dataclass
+class CompletionResult:
+    """Suggestions plus what produced them (for logs, status and the CLI's --json)."""
+
+    suggestions: list[Suggestion]
+    context: FimContext
+    candidates: list[Candidate]
+
+
+def detect_eol(ctx: FimContext) -> str:
+    """The document's newline, judged from the context windows."""
+    sample = ctx.prefix[-2000:] + ctx.suffix[:2000]
+    return "\r\n" if "\r\n" in sample else "\n"
+
+
+def finish(
+    cands: Sequence[Candidate],
+    ctx: FimContext,
+    *,
+    policy: str,
+    multiline: bool | None,
+    n: int,
+) -> list[Suggestion]:
+    """Post-process raw candidates, drop empty ones and duplicates, best first, at most n."""
+    comment = comment_prefix(ctx.language)
+    eol = detect_eol(ctx)
+    body = ctx.prefix[ctx.header_chars:]
+    scored: list[tuple[Processed, Candidate]] = []
+    for c in cands:
+        p = postprocess(
+            c.text,
+            line_prefix=ctx.line_prefix,
+            line_suffix=ctx.line_suffix,
+            after_line=ctx.after_line,
+            prefix=body,
+            multiline=multiline,
+            policy=policy,
+            comment=comment,
+            eol=eol,
+        )
+        if p is not None:
+            scored.append((p, c))
+    scored.sort(key=lambda pc: -pc[1].score)
+    kept = dedupe([p for p, _ in scored])
+    by_text = {p.text: c for p, c in reversed(scored)}
+    return [
+        Suggestion(text=p.text, score=by_text[p.text].score, replace_right=p.replace_right,
+                   raw=by_text[p.text].text)
+        for p in kept[:n]
+    ]
+
+
+class Completer:
+    """Context building + backend call + post-processing, with no editor state."""
+
+    def __init__(self, backend: Backend, options: CompletionOptions | None = None) -> None:
+        self.backend = backend
+        self.options = options or CompletionOptions()
+
+    def context_budget(self) -> int:
+        o = self.options
+        limit = self.backend.max_context_tokens(o.max_tokens)
+        return o.context_tokens if limit is None else min(o.context_tokens, limit)
+
+    def build(
+        self,
+        text: str,
+        offset: int,
+        *,
+        language: str | None = None,
+        path: str | None = None,
+        snippets: Sequence[Snippet] = (),
+    ) -> FimContext:
+        o = self.options
+        return build_context(
+            text,
+            offset,
+            self.backend.encode_batch,
+            budget=self.context_budget(),
+            prefix_fraction=o.prefix_fraction,
+            language=language,
+            path=path,
+            snippets=snippets if o.extra_context else (),
+            extra_fraction=o.extra_context_fraction,
+        )
+
+    def run(
+        self,
+        text: str,
+        offset: int,
+        *,
+        n: int = 1,
+        multiline: bool | None = None,
+        cancel: CancelFn | None = None,
+        language: str | None = None,
+        path: str | None = None,
+        snippets: Sequence[Snippet] = (),
+    ) -> CompletionResult:
+        """Like :meth:`complete`, also returning the context and raw candidates.
+        Raises :class:`~diffill.lsp_server.backends.Cancelled`."""
+        o = self.options
+        ctx = self.build(text, offset, language=language, path=path, snippets=snippets)
+        if cancel is not None and cancel():
+            from .backends import Cancelled
+
+            raise Cancelled("cancelled before the model ran")
+        cands = self.backend.infill(
+            ctx,
+            n=max(n, 1),
+            max_tokens=o.max_tokens,
+            steps=o.steps,
+            latency_budget_ms=o.latency_budget_ms,
+            cancel=cancel,
+        )
+        sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=max(n, 1))
+        return CompletionResult(sugg, ctx, list(cands))
+
+    def complete(
+        self,
+        text: str,
+        offset: int,
+        *,
+        n: int = 1,
+        multiline: bool | None = None,
+        cancel: CancelFn | None = None,
+    ) -> list[Suggestion]:
+        """Suggestions for the hole at character ``offset`` of ``text``, best first."""
+        return self.run(text, offset, n=n, multiline=multiline, cancel=cancel).suggestions
+
+
+def options_from_kwargs(**opts: object) -> CompletionOptions:
+    """Python-named option values (``max_tokens=...``) -> validated options; a bad
+    value raises ValueError naming the field."""
+    py_to_wire = {v: k for k, v in WIRE_NAMES.items()}
+    raw = {}
+    for k, v in opts.items():
+        if k not in py_to_wire:
+            raise ValueError(f"unknown completion option {k!r}")
+        raw[py_to_wire[k]] = v
+    options, errors = merge_options(CompletionOptions(), raw)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return options
+
+
+def make_completer(model_path: str | None = None, device: str = "cpu", **opts: object) -> Completer:
+    """A :class:`Completer` over a local model (``model_path`` None: the shipped default)."""
+    from .backends import load_local_backend
+
+    options = options_from_kwargs(model_path=model_path, device=device, **opts)
+    backend = load_local_backend(options.model_path, options.device, max_steps=options.max_steps)
+    return Completer(backend, options)
+
+
+__all__ = [
+    "CompletionResult",
+    "Completer",
+    "Suggestion",
+    "finish",
+    "make_completer",
+]

@@ -1,0 +1,309 @@
+"""Buffer + cursor -> the prefix and suffix the model sees (a :class:`FimContext`).
+
+Windows are measured in REAL tokens of the model's tokenizer (``encode_batch``),
+against a budget split between prefix and suffix (default 75% / 25%). Cuts
+fall on line boundaries: a window never starts (prefix) or ends (suffix) in
+the middle of a line, except the cursor line itself, which is cut by
+characters only when it alone exceeds the budget.
+
+Huge documents do not slow this down: only a bounded character window around
+the cursor is ever looked at (``budget * CHARS_PER_TOKEN_BOUND`` characters on
+each side), then trimmed to the token budget. No token is shorter than one
+character, so a window of ``8 * budget`` characters holds at least the budget
+for any text whose tokens average 8 characters or less (code: ~3-4).
+
+Optional extra context (snippets of other open documents, recent edits) goes
+in front of the prefix as a header, each snippet introduced by a commented
+``path:`` line in the document's comment syntax, inside the prefix budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+EncodeBatch = Callable[[list[str]], list[list[int]]]
+"""texts -> token ids of each text (no special tokens): the model's tokenizer."""
+
+CHARS_PER_TOKEN_BOUND = 8
+LINE_WINDOW_CHARS = 4000
+"""How far the cursor line prefix/suffix is looked at for post-processing."""
+
+_LINE_COMMENT: dict[str, str] = {
+    **dict.fromkeys(
+        ("python", "shellscript", "sh", "bash", "ruby", "perl", "r", "yaml", "toml",
+         "makefile", "dockerfile", "elixir", "julia", "nim", "powershell", "coffeescript"),
+        "#",
+    ),
+    **dict.fromkeys(
+        ("c", "cpp", "csharp", "java", "javascript", "javascriptreact", "typescript",
+         "typescriptreact", "go", "rust", "swift", "kotlin", "scala", "dart", "php",
+         "objective-c", "zig", "groovy", "jsonc", "proto"),
+        "//",
+    ),
+    **dict.fromkeys(("lua", "sql", "haskell", "ada", "elm"), "--"),
+    **dict.fromkeys(("lisp", "clojure", "scheme", "emacs-lisp", "racket", "commonlisp"), ";;"),
+    **dict.fromkeys(("tex", "latex", "erlang", "matlab"), "%"),
+    "vim": '"',
+}
+_EXT_LANG = {
+    "py": "python", "pyi": "python", "sh": "sh", "bash": "sh", "rb": "ruby", "pl": "perl",
+    "yaml": "yaml", "yml": "yaml", "toml": "toml", "c": "c", "h": "c", "cc": "cpp", "cpp": "cpp",
+    "hpp": "cpp", "cs": "csharp", "java": "java", "js": "javascript", "jsx": "javascript",
+    "mjs": "javascript", "ts": "typescript", "tsx": "typescript", "go": "go", "rs": "rust",
+    "swift": "swift", "kt": "kotlin", "scala": "scala", "dart": "dart", "php": "php",
+    "lua": "lua", "sql": "sql", "hs": "haskell", "el": "emacs-lisp", "clj": "clojure",
+    "lisp": "lisp", "scm": "scheme", "tex": "tex", "erl": "erlang", "vim": "vim",
+    "zig": "zig", "jl": "julia", "r": "r", "ex": "elixir", "exs": "elixir",
+}
+
+
+def comment_prefix(language: str | None, path: str | None = None) -> str:
+    """Line-comment marker for a language id (LSP ``languageId``) or file extension."""
+    lang = (language or "").lower()
+    if lang not in _LINE_COMMENT and path and "." in path:
+        lang = _EXT_LANG.get(path.rsplit(".", 1)[-1].lower(), "")
+    return _LINE_COMMENT.get(lang, "#")
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """Extra context: a piece of another open document (or a recent edit)."""
+
+    path: str
+    text: str
+    language: str | None = None
+
+
+@dataclass(frozen=True)
+class FimContext:
+    """What the model gets, plus what post-processing needs to know about the cursor.
+
+    ``prefix``/``suffix`` are the (header +) windows; ``prefix_ids``/``suffix_ids`` their
+    token ids (exact, the same tokenizer), so a local backend does not re-encode.
+    ``line_prefix``/``line_suffix`` are the cursor line before/after the cursor (at most
+    ``LINE_WINDOW_CHARS`` each, no newline); ``after_line`` the suffix window's text after
+    the cursor line (for overlap checks); ``prefix_start``/``suffix_end`` the document
+    offsets the windows cover; ``prefix[:header_chars]`` is the extra-context header.
+    """
+
+    prefix: str
+    suffix: str
+    prefix_ids: list[int]
+    suffix_ids: list[int]
+    line_prefix: str
+    line_suffix: str
+    after_line: str
+    prefix_start: int
+    suffix_end: int
+    header_tokens: int = 0
+    header_chars: int = 0
+    language: str | None = None
+    extra_paths: list[str] = field(default_factory=list)
+
+    @property
+    def prefix_tokens(self) -> int:
+        return len(self.prefix_ids)
+
+    @property
+    def suffix_tokens(self) -> int:
+        return len(self.suffix_ids)
+
+    @property
+    def at_line_end(self) -> bool:
+        """Nothing but whitespace right of the cursor on its line."""
+        return not self.line_suffix.strip()
+
+
+def split_budget(budget: int, prefix_fraction: float) -> tuple[int, int]:
+    """Token budget -> (prefix tokens, suffix tokens)."""
+    budget = max(0, int(budget))
+    p = int(round(budget * prefix_fraction))
+    return p, budget - p
+
+
+def _lines_keepends(text: str) -> list[str]:
+    """Split on ``\\n`` only (``\\r\\n`` stays inside the line), keeping the newline."""
+    parts = text.split("\n")
+    out = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+def _fit_tail(text: str, budget: int, encode_batch: EncodeBatch) -> str:
+    """Longest suffix of ``text`` (cut by characters) with at most ``budget`` tokens."""
+    if budget <= 0 or not text:
+        return ""
+    lo, hi = 0, len(text)  # answer: smallest start with tokens(text[start:]) <= budget
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(encode_batch([text[mid:]])[0]) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return text[lo:]
+
+
+def _fit_head(text: str, budget: int, encode_batch: EncodeBatch) -> str:
+    """Longest prefix of ``text`` (cut by characters) with at most ``budget`` tokens."""
+    if budget <= 0 or not text:
+        return ""
+    lo, hi = 0, len(text)  # answer: largest end with tokens(text[:end]) <= budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(encode_batch([text[:mid]])[0]) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
+
+
+def _take_lines(
+    first: str, lines: Sequence[str], budget: int, encode_batch: EncodeBatch, *, reverse: bool
+) -> tuple[str, list[int]]:
+    """``first`` (the cursor-line part, always kept, cut by chars if it alone is over
+    budget) plus as many whole ``lines`` as fit, in order away from the cursor.
+
+    ``reverse``: the lines precede ``first`` (prefix side) and are given nearest-first.
+    Returns (text, ids) with ``len(ids) <= budget`` for the joined text.
+    """
+    if budget <= 0:
+        return "", []
+    counts = encode_batch([first, *lines]) if (first or lines) else [[]]
+    if len(counts[0]) > budget:
+        first = (_fit_tail if reverse else _fit_head)(first, budget, encode_batch)
+        lines = []
+        used = budget
+    else:
+        used = len(counts[0])
+    kept: list[str] = []
+    for line, ids in zip(lines, counts[1:], strict=False):
+        if used + len(ids) > budget:
+            break
+        used += len(ids)
+        kept.append(line)
+    # Per-line counts approximate the joined count (merges across a newline are rare);
+    # verify on the joined text and drop the farthest line until it fits.
+    while True:
+        text = "".join(reversed(kept)) + first if reverse else first + "".join(kept)
+        ids = encode_batch([text])[0]
+        if len(ids) <= budget or not kept:
+            if len(ids) > budget:  # only the cursor-line part left and still over: cut it
+                text = (_fit_tail if reverse else _fit_head)(text, budget, encode_batch)
+                ids = encode_batch([text])[0]
+            return text, ids
+        kept.pop()
+
+
+def build_header(snippets: Sequence[Snippet], language: str | None, path: str | None,
+                 budget: int, encode_batch: EncodeBatch) -> tuple[str, list[str]]:
+    """The extra-context header: snippets that fit ``budget`` tokens, each as
+    ``<comment> path: p`` + its text, then a ``path:`` line naming the current file.
+    Returns (header, paths used); empty when nothing fits."""
+    if budget <= 0 or not snippets:
+        return "", []
+    cm = comment_prefix(language, path)
+    trailer = f"{cm} path: {path}\n" if path else ""
+    blocks: list[str] = []
+    used_paths: list[str] = []
+    total = len(encode_batch([trailer])[0]) if trailer else 0
+    for sn in snippets:
+        body = sn.text if sn.text.endswith("\n") else sn.text + "\n"
+        block = f"{comment_prefix(sn.language, sn.path)} path: {sn.path}\n{body}"
+        n = len(encode_batch([block])[0])
+        if total + n > budget:
+            continue
+        total += n
+        blocks.append(block)
+        used_paths.append(sn.path)
+    if not blocks:
+        return "", []
+    return "".join(blocks) + trailer, used_paths
+
+
+def build_context(
+    text: str,
+    offset: int,
+    encode_batch: EncodeBatch,
+    *,
+    budget: int = 1024,
+    prefix_fraction: float = 0.75,
+    language: str | None = None,
+    path: str | None = None,
+    snippets: Sequence[Snippet] = (),
+    extra_fraction: float = 0.15,
+) -> FimContext:
+    """Cut the prefix/suffix windows around character ``offset`` of ``text``.
+
+    Token counts are exact for the returned windows: ``len(prefix_ids) <= prefix budget``
+    (header included) and ``len(suffix_ids) <= suffix budget``. Work is bounded by the
+    budget, not by the document size.
+    """
+    if not 0 <= offset <= len(text):
+        raise ValueError(f"offset {offset} outside the text (length {len(text)})")
+    p_budget, s_budget = split_budget(budget, prefix_fraction)
+
+    # Extra context first: it takes a bounded share of the prefix budget.
+    header, used_paths = "", []
+    if snippets and p_budget > 0:
+        header, used_paths = build_header(
+            snippets, language, path, int(p_budget * extra_fraction), encode_batch
+        )
+    header_ids = encode_batch([header])[0] if header else []
+    body_budget = p_budget - len(header_ids)
+
+    # -- prefix: the cursor line part, then whole lines going up
+    p_lo = max(0, offset - max(body_budget, 1) * CHARS_PER_TOKEN_BOUND)
+    raw = text[p_lo:offset]
+    nl = raw.rfind("\n")
+    cursor_part = raw[nl + 1:]
+    above = _lines_keepends(raw[: nl + 1]) if nl >= 0 else []
+    if p_lo > 0 and above:
+        above = above[1:]  # the window's first line may start mid-line: drop it
+    prefix_body, prefix_body_ids = _take_lines(
+        cursor_part, above[::-1], body_budget, encode_batch, reverse=True
+    )
+    prefix_start = offset - len(prefix_body)
+    if header:
+        prefix = header + prefix_body
+        prefix_ids = encode_batch([prefix])[0]
+        if len(prefix_ids) > p_budget:  # joined header tokenised longer: drop the header
+            header, used_paths, prefix, prefix_ids = "", [], prefix_body, prefix_body_ids
+    else:
+        prefix, prefix_ids = prefix_body, prefix_body_ids
+
+    # -- suffix: the rest of the cursor line (with its newline), then whole lines going down
+    s_hi = min(len(text), offset + max(s_budget, 1) * CHARS_PER_TOKEN_BOUND)
+    raw = text[offset:s_hi]
+    nl = raw.find("\n")
+    rest_part = raw if nl < 0 else raw[: nl + 1]
+    below = _lines_keepends(raw[nl + 1:]) if nl >= 0 else []
+    if s_hi < len(text) and below and not below[-1].endswith("\n"):
+        below = below[:-1]  # the window's last line may end mid-line: drop it
+    suffix, suffix_ids = _take_lines(rest_part, below, s_budget, encode_batch, reverse=False)
+
+    # -- the cursor line and what follows it, for post-processing (bounded)
+    lo = max(0, offset - LINE_WINDOW_CHARS)
+    before = text[lo:offset]
+    line_prefix = before[before.rfind("\n") + 1:]
+    after = text[offset: offset + LINE_WINDOW_CHARS]
+    nl = after.find("\n")
+    line_suffix = (after if nl < 0 else after[:nl]).rstrip("\r")
+    after_line = suffix[len(rest_part):] if len(suffix) >= len(rest_part) else ""
+
+    return FimContext(
+        prefix=prefix,
+        suffix=suffix,
+        prefix_ids=list(prefix_ids),
+        suffix_ids=list(suffix_ids),
+        line_prefix=line_prefix,
+        line_suffix=line_suffix,
+        after_line=after_line,
+        prefix_start=prefix_start,
+        suffix_end=offset + len(suffix),
+        header_tokens=len(header_ids) if header else 0,
+        header_chars=len(header),
+        language=language,
+        extra_paths=used_paths,
+    )

@@ -1,0 +1,101 @@
+"""User-facing completion options: one msgspec Struct, camelCase on the wire.
+
+Options arrive from ``initializationOptions`` and ``workspace/didChangeConfiguration``
+(either at top level or under a ``"diffill"`` key). :func:`merge_options` validates
+them one field at a time, so a single bad value is reported by name and only that
+field keeps its previous (or default) value; every good field is still applied.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+MultilinePolicy = Literal["auto", "always-single", "always-multi"]
+BackendName = Literal["local"]
+"""Backends known to this build. Another backend (e.g. ``"openai"``) extends this."""
+
+
+class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Everything the user can set. Wire names are camelCase (``modelPath``, ...)."""
+
+    enabled: bool = True
+    backend: BackendName = "local"
+    model_path: str | None = None
+    """Checkpoint folder; ``None`` = the shipped default model."""
+    device: str = "cpu"
+    """Torch device string: ``cpu``, ``cuda``, ``cuda:1``, ... (``auto`` = cuda when available)."""
+    latency_budget_ms: Annotated[float, Meta(gt=0, le=60_000)] = 25.0
+    """Target model time per request; the local backend picks the step count to fit it."""
+    steps: Annotated[int, Meta(ge=1, le=512)] | None = None
+    """Fixed number of refinement steps; ``None`` = chosen from ``latencyBudgetMs``."""
+    max_steps: Annotated[int, Meta(ge=1, le=512)] = 16
+    """Upper bound when the step count is chosen from the latency budget."""
+    max_tokens: Annotated[int, Meta(ge=1, le=1024)] = 32
+    """Longest middle to generate, in model tokens."""
+    context_tokens: Annotated[int, Meta(ge=16, le=131_072)] = 1024
+    """Token budget for prefix + suffix (+ extra context)."""
+    prefix_fraction: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.75
+    """Share of ``contextTokens`` for the prefix; the rest goes to the suffix."""
+    multiline: MultilinePolicy = "auto"
+    """``auto``: several lines only when the cursor is at the end of its line."""
+    num_candidates: Annotated[int, Meta(ge=1, le=16)] = 3
+    """Candidates returned for an explicitly invoked completion (cycling)."""
+    extra_context: bool = False
+    """Add a commented header with snippets of other open documents (inside the budget)."""
+    extra_context_fraction: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.15
+    """Share of the prefix budget that extra context may use."""
+
+
+WIRE_NAMES: dict[str, str] = {
+    f.encode_name: f.name for f in msgspec.structs.fields(CompletionOptions)
+}
+"""camelCase wire name -> Python field name."""
+
+
+def extract_settings(raw: Any) -> dict[str, Any]:
+    """Pick diffill's settings out of initializationOptions / didChangeConfiguration
+    ``settings``: either ``{"diffill": {...}}`` or the options at top level."""
+    if not isinstance(raw, dict):
+        return {}
+    inner = raw.get("diffill")
+    if isinstance(inner, dict):
+        return inner
+    return {k: v for k, v in raw.items() if k in WIRE_NAMES}
+
+
+def merge_options(
+    previous: CompletionOptions, raw: dict[str, Any]
+) -> tuple[CompletionOptions, list[str]]:
+    """Apply the settings in ``raw`` (wire names) on top of ``previous``.
+
+    Each field is validated on its own: a bad value leaves that field at its previous
+    value and adds an error naming it. Unknown keys are reported too (as errors the
+    caller may show as warnings). Returns ``(options, errors)``.
+    """
+    errors: list[str] = []
+    current = msgspec.to_builtins(previous)
+    for key, value in raw.items():
+        if key not in WIRE_NAMES:
+            errors.append(f"diffill: unknown option {key!r} ignored")
+            continue
+        trial = {**current, key: value}
+        try:
+            msgspec.convert(trial, CompletionOptions)
+        except msgspec.ValidationError as e:
+            errors.append(f"diffill: invalid value for option {key!r}: {_short(e, key)}; kept {current.get(key)!r}")
+            continue
+        current = trial
+    return msgspec.convert(current, CompletionOptions), errors
+
+
+def _short(e: msgspec.ValidationError, key: str) -> str:
+    msg = str(e)
+    return msg.replace(f" - at `$.{key}`", "")
+
+
+def options_from(raw: Any, previous: CompletionOptions | None = None) -> tuple[CompletionOptions, list[str]]:
+    """Convenience: extract diffill settings from ``raw`` and merge onto ``previous``."""
+    return merge_options(previous or CompletionOptions(), extract_settings(raw))
