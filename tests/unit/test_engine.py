@@ -1,0 +1,155 @@
+"""Tests for the v0 resident engine (diffill.model.engine) on a small random Transformer."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from diffill.model.config import ModelConfig
+from diffill.model.engine import Engine, default_lengths
+from diffill.model.loader import LoadedModel
+from diffill.model.sampler import InfillCancelled, SamplerConfig, infill
+from diffill.model.transformer import Transformer
+
+V = 40
+BOS, EOS, PAD, MASK = 36, 37, 38, 39
+
+
+def make_lm(max_pos: int = 64) -> LoadedModel:
+    cfg = ModelConfig(
+        family="diffill",
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        qk_norm=True,
+        tie_embeddings=True,
+        mask_token_id=MASK,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        max_position_embeddings=max_pos,
+    )
+    model = Transformer(cfg)
+    model.init_weights(std=0.4, seed=0)
+    with torch.no_grad():
+        model.embed_tokens.weight[[PAD, EOS]] *= 0.5
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=None,
+        config=cfg,
+        path=Path("."),
+        provenance={},
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+
+
+def test_default_lengths():
+    assert default_lengths(32) == (8, 16, 32)
+    assert default_lengths(3) == (1, 3)
+    assert default_lengths(1) == (1,)
+    assert default_lengths(5) == (1, 2, 5)
+    with pytest.raises(ValueError):
+        default_lengths(0)
+
+
+def test_infill_matches_sampler_and_counts():
+    lm = make_lm()
+    eng = Engine(lm, SamplerConfig(steps=4))
+    pre, suf = [1, 2, 3, 4], [5, 6]
+    got = eng.infill(pre, suf, max_tokens=16)
+    want = infill(lm.model, lm.config, pre, suf, SamplerConfig(steps=4, lengths=(4, 8, 16)))
+    assert got == want
+    assert {r.length for r in got} <= {4, 8, 16}
+    # explicit lengths and steps override the defaults
+    got = eng.infill(pre, suf, lengths=(3,), steps=2)
+    assert len(got) == 1 and got[0].length == 3 and got[0].steps <= 2
+    st = eng.stats()
+    assert st["requests"] == 2 and st["completed"] == 2 and st["cancelled"] == 0
+    assert len(st["recent_latencies_s"]) == 2 and st["last_latency_s"] is not None
+    assert eng.device == torch.device("cpu") and eng.dtype == torch.float32
+    assert eng.config is lm.config and eng.tokenizer is None
+
+
+def test_canvas_too_long_is_rejected_not_truncated():
+    eng = Engine(make_lm(max_pos=32))
+    # BOS + 20 + 8 + 2 + EOS = 32 fits; one more token does not
+    eng.infill(list(range(20)), [1, 2], lengths=(8,), steps=2)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        eng.infill(list(range(21)), [1, 2], lengths=(8,), steps=2)
+    with pytest.raises(ValueError):
+        eng.infill([1], [2], lengths=(0,))
+    assert eng.stats()["requests"] == 1  # rejected requests never reach the model
+
+
+def test_cancel_then_engine_still_works():
+    eng = Engine(make_lm(), SamplerConfig(steps=6))
+    calls = []
+
+    def cancel() -> bool:
+        calls.append(1)
+        return len(calls) > 3
+
+    with pytest.raises(InfillCancelled):
+        eng.infill([1, 2], [3], max_tokens=8, cancel=cancel)
+    assert not eng._lock.locked()
+    with pytest.raises(InfillCancelled):
+        eng.infill([1, 2], [3], max_tokens=8, cancel=lambda: True)
+    res = eng.infill([1, 2], [3], max_tokens=8)
+    assert res and all(r.length in (2, 4, 8) for r in res)
+    st = eng.stats()
+    assert (st["requests"], st["completed"], st["cancelled"]) == (3, 1, 2)
+
+
+class _Tracking(torch.nn.Module):
+    """Wraps a Transformer and records how many threads are inside a forward at once."""
+
+    def __init__(self, inner: Transformer) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+        self.active = 0
+        self.max_active = 0
+        self.guard = threading.Lock()
+
+    def forward_hidden(self, *a, **kw):
+        with self.guard:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            return self.inner.forward_hidden(*a, **kw)
+        finally:
+            with self.guard:
+                self.active -= 1
+
+    def head(self, h):
+        return self.inner.head(h)
+
+
+def test_threads_are_serialised_and_get_their_own_answers():
+    lm = make_lm()
+    tracked = _Tracking(lm.model)
+    lm.model = tracked
+    eng = Engine(lm, SamplerConfig(steps=3))
+    prompts = [([1, 2, i], [3 + i]) for i in range(6)]
+    serial = [eng.infill(p, s, max_tokens=8) for p, s in prompts]
+    out: list = [None] * len(prompts)
+
+    def work(i: int) -> None:
+        out[i] = eng.infill(*prompts[i], max_tokens=8)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == serial
+    assert tracked.max_active == 1
+    assert eng.stats()["completed"] == 12
