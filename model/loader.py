@@ -27,6 +27,7 @@ referenced: there is no module-level cache.
 from __future__ import annotations
 
 import json
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,26 +263,67 @@ def _scan(
 
 
 def _read_tensors(
-    plan: dict[str, _Entry], device: torch.device, dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """Read each planned tensor from its memory-mapped file, converted on the way.
-    Tensors are read straight onto CUDA when the target is CUDA."""
+    plan: dict[str, _Entry], device: torch.device, dtype: torch.dtype, out: dict[str, torch.Tensor]
+) -> None:
+    """Read each planned tensor from its memory-mapped file into ``out`` (Transformer
+    name -> tensor), converted to ``dtype`` on ``device`` one at a time. Tensors are
+    read straight onto CUDA when the target is CUDA."""
     by_file: dict[Path, list[str]] = {}
     for target, e in plan.items():
         by_file.setdefault(e.file, []).append(target)
     st_device = str(device) if device.type == "cuda" else "cpu"
-    out: dict[str, torch.Tensor] = {}
     for path, targets in by_file.items():
         try:
             with safe_open(str(path), framework="pt", device=st_device) as f:
                 for target in targets:
-                    t = f.get_tensor(plan[target].ckpt_name)
-                    out[target] = t.to(device=device, dtype=dtype)
-                    del t
+                    out[target] = f.get_tensor(plan[target].ckpt_name).to(
+                        device=device, dtype=dtype
+                    )
         except Exception as e:
-            out.clear()
-            raise CheckpointError(f"{path}: failed while reading tensor data ({e})") from None
-    return out
+            raise CheckpointError(f"{path}: failed while reading tensor data ({e})") from e
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Transformer state_dict name -> shape, from a model on the meta device (no storage)."""
+    with torch.device("meta"):
+        skeleton = Transformer(cfg)
+    return {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+
+
+def _materialise(
+    cfg: ModelConfig,
+    plan: dict[str, _Entry],
+    device: torch.device,
+    dtype: torch.dtype,
+    folder: Path,
+) -> Transformer:
+    """Build the Transformer on the meta device and assign the checkpoint's tensors
+    to it, so every weight is allocated once. On any failure, everything built
+    here is released (locals dropped, traceback frames cleared) before raising."""
+    state: dict[str, torch.Tensor] = {}
+    model: Transformer | None = None
+    try:
+        with torch.device("meta"):
+            model = Transformer(cfg)
+        _read_tensors(plan, device, dtype, state)
+        model.load_state_dict(state, strict=True, assign=True)
+        leftover = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+        if leftover:
+            raise CheckpointError(f"{folder}: no data for {', '.join(leftover[:5])}")
+    except Exception as e:
+        model = None
+        state.clear()
+        traceback.clear_frames(e.__traceback__)  # frames below would keep tensors alive
+        if isinstance(e, CheckpointError):
+            raise CheckpointError(str(e)) from None
+        raise CheckpointError(
+            f"{folder}: could not load the weights ({type(e).__name__}: {e})"
+        ) from None
+    finally:
+        state.clear()
+    model.eval()
+    model.requires_grad_(False)
+    return model
 
 
 # --------------------------------------------------------------------------- entry point
@@ -354,28 +396,8 @@ def load_model(
     target_dtype = resolve_dtype(cfg, dev, dtype)
     files, index = _weight_files(folder)
 
-    with torch.device("meta"):
-        meta_model = Transformer(cfg)
-    expected = {k: tuple(v.shape) for k, v in meta_model.state_dict().items()}
-    plan = _scan(files, index, cfg, expected)
-
-    state = _read_tensors(plan, dev, target_dtype)
-    try:
-        meta_model.load_state_dict(state, strict=True, assign=True)
-    except Exception as e:
-        state.clear()
-        meta_model = None  # drop the half-built module before the error propagates
-        raise CheckpointError(f"{folder}: could not assign weights ({e})") from None
-    state.clear()
-    model = meta_model
-    leftover = [
-        n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta
-    ]
-    if leftover:
-        model = meta_model = None
-        raise CheckpointError(f"{folder}: no data for {', '.join(leftover[:5])}")
-    model.eval()
-    model.requires_grad_(False)
+    plan = _scan(files, index, cfg, _expected_shapes(cfg))
+    model = _materialise(cfg, plan, dev, target_dtype, folder)
     return LoadedModel(
         model=model,
         tokenizer=tok,
