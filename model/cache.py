@@ -1,0 +1,197 @@
+"""Dual KV cache: reuse the prefix/suffix keys and values across denoising steps.
+
+Between two steps of an infill only the hole changes (a few slots go from
+[MASK] to a token); the prefix and the suffix -- usually >95% of the canvas --
+stay the same. Their keys and values do move a little, because every position
+attends to the hole, but slowly (Fast-dLLM, "dual cache": reuse them and
+refresh every few steps; 3-11x faster at the same accuracy on LLaDA).
+
+:class:`DualCache` wraps a model for :func:`diffill.model.sampler.denoise_step`:
+
+* on a *refresh* call (the first one, then every ``refresh_every`` calls) it
+  runs the full canvas ``[L, T]`` with ``return_kv=True`` and keeps each
+  layer's keys/values of the *context* positions (everything outside the
+  active block) -- ``[L, Hkv, S, Dh]`` per layer, rotary already applied;
+* on the other calls it runs only the *active block* ``[L, NB]`` -- the hole
+  slots, plus the position just before the hole for ``shift_logits`` models,
+  whose hidden state predicts slot 0 -- with ``ctx=KVContext(context kv)``
+  and the block's absolute positions as position ids.
+
+``refresh_every=1`` is exactly the uncached sampler (every call is a full
+forward). Larger values trade some agreement with it for speed; ``diffill
+bench`` and ``BENCHMARKS.md`` report both.
+
+The wrapper returns hidden states shaped like the full canvas ``[L, T, D]``
+so that the sampler's step is unchanged; on cached calls only the rows at the
+active block are filled (the rest are zeros and are never read: the sampler
+gathers the hole's source positions only).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .config import ModelConfig
+from .sampler import (
+    Canvas,
+    DenoiseState,
+    Infill,
+    InfillCancelled,
+    SamplerConfig,
+    SpecialIds,
+    _model_device,
+    _rank,
+    _seed_for,
+    _trim,
+    build_canvas,
+    candidate_lengths,
+    denoise_step,
+)
+from .transformer import KVContext
+
+
+def active_block(canvas: Canvas, shift: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions recomputed on cached steps: (block_pos [L, NB] long, block_attn [L, NB] bool).
+
+    Non-shift models: the hole slots (NB = N). Shift models: the position before
+    slot 0 followed by the hole slots (NB = N + 1). Hole slots past a row's length
+    (``valid`` False) sit on padding positions and are masked out as keys.
+    """
+    pos, valid = canvas.hole_pos, canvas.valid
+    if not shift:
+        return pos, valid
+    before = pos[:, :1] - 1
+    if bool((before < 0).any()):
+        raise ValueError("a shift_logits canvas needs a token before the hole")
+    return torch.cat((before, pos), 1), torch.cat((torch.ones_like(valid[:, :1]), valid), 1)
+
+
+def context_positions(T: int, block_pos: torch.Tensor) -> torch.Tensor:
+    """All canvas positions outside the block, in order: [L, T - NB] long."""
+    L = block_pos.shape[0]
+    in_block = torch.zeros(L, T, dtype=torch.bool, device=block_pos.device)
+    in_block.scatter_(1, block_pos, True)
+    if int(in_block.sum(1).min()) != block_pos.shape[1]:
+        raise ValueError("block positions must be distinct within each row")
+    cols = torch.arange(T, device=block_pos.device).expand(L, T)
+    return cols[~in_block].view(L, T - block_pos.shape[1])
+
+
+class DualCache:
+    """Model wrapper with prefix/suffix KV reuse for one batch of canvases.
+
+    Exposes ``forward_hidden(ids [L,T], attn [L,T]) -> (hidden [L,T,D], None)``,
+    ``head`` and ``parameters`` -- what :func:`~diffill.model.sampler.denoise_step`
+    needs. Each ``forward_hidden`` call is one step; calls 0, r, 2r, ... refresh.
+    """
+
+    def __init__(self, model: Any, canvas: Canvas, *, shift: bool, refresh_every: int) -> None:
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
+        self.model = model
+        self.refresh_every = refresh_every
+        self.block_pos, self.block_attn = active_block(canvas, shift)
+        T = canvas.ids.shape[1]
+        self.ctx_pos = context_positions(T, self.block_pos)  # [L, S]
+        self.ctx_mask = canvas.attn.gather(1, self.ctx_pos)  # [L, S]
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.calls = 0
+        self.refreshes = 0
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.head(hidden)
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def _keep_context(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        k0 = kv[0][0]
+        idx = self.ctx_pos[:, None, :, None].expand(-1, k0.shape[1], -1, k0.shape[3])
+        self.kv = [(k.gather(2, idx), v.gather(2, idx)) for k, v in kv]
+
+    def forward_hidden(self, ids: torch.Tensor, attn: torch.Tensor | None = None,
+                       **_: Any) -> tuple[torch.Tensor, None]:
+        """ids [L, T], attn [L, T] -> hidden [L, T, D] (only block rows filled on cached calls)."""
+        refresh = self.kv is None or self.calls % self.refresh_every == 0
+        self.calls += 1
+        if refresh:
+            self.refreshes += 1
+            hidden, kv = self.model.forward_hidden(ids, attn, return_kv=True)
+            self._keep_context(kv)
+            return hidden, None
+        block_ids = ids.gather(1, self.block_pos)
+        hb, _ = self.model.forward_hidden(block_ids, self.block_attn, position_ids=self.block_pos,
+                                          ctx=KVContext(self.kv, self.ctx_mask))
+        hidden = hb.new_zeros(ids.shape[0], ids.shape[1], hb.shape[-1])
+        hidden.scatter_(1, self.block_pos[..., None].expand(-1, -1, hb.shape[-1]), hb)
+        return hidden, None
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these canvas rows (e.g. after a request in a batch was cancelled)."""
+        self.block_pos = self.block_pos[rows]
+        self.block_attn = self.block_attn[rows]
+        self.ctx_pos = self.ctx_pos[rows]
+        self.ctx_mask = self.ctx_mask[rows]
+        if self.kv is not None:
+            self.kv = [(k[rows], v[rows]) for k, v in self.kv]
+
+
+@torch.inference_mode()
+def infill_cached(
+    model: Any,
+    cfg: ModelConfig,
+    prefix_ids: list[int],
+    suffix_ids: list[int],
+    sc: SamplerConfig,
+    cancel: Callable[[], bool] | None = None,
+    *,
+    refresh_every: int = 4,
+    dedup: bool = True,
+) -> list[Infill]:
+    """:func:`diffill.model.sampler.infill` with the dual KV cache (same rules and
+    results format; with ``refresh_every=1`` the same tokens)."""
+    sp = SpecialIds.from_config(cfg)
+    lengths = candidate_lengths(sc.lengths)
+    for what, ids in (("prefix_ids", prefix_ids), ("suffix_ids", suffix_ids)):
+        bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"{what} holds token id {bad[0]}, outside the vocabulary [0, {cfg.vocab_size})")
+    device = _model_device(model)
+    cv = build_canvas(cfg, prefix_ids, suffix_ids, lengths, device)
+    L, N = cv.valid.shape
+    fwd = DualCache(model, cv, shift=cfg.shift_logits, refresh_every=refresh_every)
+    state = DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), device=device),
+                         torch.zeros((L,), dtype=torch.long, device=device))
+    threshold = math.inf if sc.threshold is None else float(sc.threshold)
+    gens: list[torch.Generator] = []
+    if sc.temperature > 0:
+        seed = sc.seed if sc.seed is not None else secrets.randbits(62)
+        gens = [torch.Generator(device=device).manual_seed(_seed_for(seed, n)) for n in lengths]
+    n_loop = sc.steps if sc.threshold is not None else min(sc.steps, N)
+    for s in range(n_loop):
+        if cancel is not None and cancel():
+            raise InfillCancelled(f"infill cancelled before step {s + 1}")
+        noise = None
+        if gens:
+            noise = torch.zeros((L, N, cfg.vocab_size), device=device)
+            for r, n in enumerate(lengths):
+                noise[r, :n] = torch.rand((n, cfg.vocab_size), generator=gens[r], device=device)
+        state = denoise_step(fwd, cv, state, sc.steps - s, mask_id=sp.mask, pad_id=sp.pad,
+                             terminators=sp.terminators, shift=cfg.shift_logits,
+                             strategy=sc.strategy, threshold=threshold,
+                             temperature=sc.temperature, absorb_pad=sc.absorb_pad, noise=noise)
+        if sc.threshold is not None and not bool(state.masked.any()):
+            break
+    hole = state.ids.gather(1, cv.hole_pos).tolist()
+    logp = state.logp.tolist()
+    steps = state.steps.tolist()
+    cands = []
+    for r, n in enumerate(lengths):
+        mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
+        cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
+    return _rank(cands, list(range(len(lengths))), dedup)
