@@ -1,0 +1,358 @@
+"""load_model on diffill's own layout and on hand-written HF/LLaDA-named folders;
+the per-family weight-name mapping; ``diffill info``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from diffill.lsp_server.cli import main as cli_main
+from diffill.model import CheckpointError, LoadedModel, load_model
+from diffill.model import loader as loader_mod
+from diffill.model.config import ModelConfig
+from diffill.model.loader import resolve_dtype
+from diffill.model.transformer import Transformer
+from diffill.model.weights import SKIP, map_name, to_checkpoint_names
+from safetensors.torch import save_file
+
+try:
+    from ._checkpoints import tiny_config, write_diffill_checkpoint, write_tokenizer
+except ImportError:  # tests/unit is not a package
+    from _checkpoints import tiny_config, write_diffill_checkpoint, write_tokenizer
+
+
+@pytest.fixture()
+def ckpt(tmp_path: Path) -> tuple[Path, Transformer]:
+    folder = tmp_path / "ckpt"
+    model = write_diffill_checkpoint(folder, provenance={"corpus": "unit-test", "steps": 3})
+    return folder, model
+
+
+def test_diffill_roundtrip(ckpt):
+    folder, ref = ckpt
+    lm = load_model(folder)
+    assert isinstance(lm, LoadedModel)
+    assert lm.path == folder.resolve() and lm.path.is_absolute()
+    assert lm.config.family == "diffill" and lm.config.shift_logits is False
+    assert lm.provenance == {"corpus": "unit-test", "steps": 3}
+    assert lm.device == torch.device("cpu") and lm.dtype == torch.float32
+    assert lm.num_parameters == sum(p.numel() for p in ref.parameters())
+    assert lm.files == [folder.resolve() / "model.safetensors"]
+    assert not lm.model.training
+    assert all(not p.requires_grad for p in lm.model.parameters())
+    assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in lm.model.parameters())
+    assert lm.model.lm_head is None  # tied
+    # special ids come from config.json and agree with the tokenizer's names
+    tok = lm.tokenizer
+    assert (lm.config.mask_token_id, tok.mask_id) == (3, tok.token_to_id("<|mask|>"))
+    assert (lm.config.pad_token_id, lm.config.eos_token_id, lm.config.bos_token_id) == (2, 1, 0)
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids), ref(ids))
+
+
+def test_model_is_built_on_meta_device(ckpt, monkeypatch):
+    """No weight is allocated twice: every Transformer the loader constructs starts
+    on the meta device and only receives the checkpoint's own tensors."""
+    folder, _ = ckpt
+    devices: list[str] = []
+
+    class Recording(Transformer):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            devices.append(next(self.parameters()).device.type)
+
+    monkeypatch.setattr(loader_mod, "Transformer", Recording)
+    lm = load_model(folder)
+    assert devices and set(devices) == {"meta"}
+    assert isinstance(lm.model, Recording)
+
+
+def test_untied_diffill_checkpoint(tmp_path):
+    cfg = tiny_config(tie_embeddings=False, qk_norm=False, qkv_bias=True)
+    ref = write_diffill_checkpoint(tmp_path, cfg)
+    lm = load_model(tmp_path)
+    assert lm.model.lm_head is not None and lm.config.qkv_bias
+    ids = torch.arange(12).view(1, 12)
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids), ref(ids))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "want"),
+    [
+        ("bfloat16", torch.bfloat16),
+        ("fp16", torch.float16),
+        (torch.float32, torch.float32),
+        ("torch.bfloat16", torch.bfloat16),
+    ],
+)
+def test_explicit_dtype(ckpt, dtype, want):
+    lm = load_model(ckpt[0], dtype=dtype)
+    assert lm.dtype == want
+    assert {p.dtype for p in lm.model.parameters()} == {want}
+
+
+def test_bad_dtype_name(ckpt):
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        load_model(ckpt[0], dtype="int8")
+
+
+def test_resolve_dtype_defaults():
+    cfg = tiny_config(torch_dtype="bfloat16")
+    assert resolve_dtype(cfg, torch.device("cpu"), None) == torch.float32
+    assert resolve_dtype(cfg, torch.device("cuda"), None) == torch.bfloat16
+    assert (
+        resolve_dtype(cfg.replace(torch_dtype="float16"), torch.device("cuda:1"), None)
+        == torch.float16
+    )
+    assert (
+        resolve_dtype(cfg.replace(torch_dtype=None), torch.device("cuda"), None) == torch.bfloat16
+    )
+    assert resolve_dtype(cfg, torch.device("cuda"), "float32") == torch.float32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_cuda_without_cuda(ckpt):
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        load_model(ckpt[0], device="cuda")
+
+
+def test_default_path(ckpt, monkeypatch):
+    monkeypatch.setattr(loader_mod, "default_model_path", lambda: ckpt[0])
+    assert load_model().path == ckpt[0].resolve()
+
+
+def test_default_model_path_is_package_data():
+    p = loader_mod.default_model_path()
+    assert p.name == "default_model" and p.parent == Path(loader_mod.__file__).resolve().parent
+
+
+# --------------------------------------------------------------------------- HF-named folders
+
+
+def _write_hf(
+    folder: Path,
+    family: str,
+    cfg: ModelConfig,
+    model: Transformer,
+    *,
+    extra: dict[str, torch.Tensor] | None = None,
+    config_extra: dict | None = None,
+) -> None:
+    """Save ``model`` under ``family``'s HF tensor names with an HF config.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = model.state_dict()
+    names = to_checkpoint_names(family, list(sd), tied=cfg.tie_embeddings)
+    tensors = {names[k]: v.contiguous() for k, v in sd.items()}
+    tensors.update(extra or {})
+    save_file(tensors, str(folder / "model.safetensors"))
+    raw = {
+        "architectures": [
+            {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[
+                family
+            ]
+        ],
+        "model_type": family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": "bfloat16",
+        **(config_extra or {}),
+    }
+    (folder / "config.json").write_text(json.dumps(raw))
+    write_tokenizer(folder, cfg.vocab_size)
+
+
+def _random_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    m = Transformer(cfg)
+    m.init_weights(seed=seed)
+    return m.eval()
+
+
+def test_tied_checkpoint_with_duplicate_head_is_accepted(tmp_path):
+    cfg = tiny_config(family="qwen3", qk_norm=True, tie_embeddings=True, shift_logits=True)
+    ref = _random_model(cfg)
+    dup = ref.embed_tokens.weight.detach().clone()
+    _write_hf(
+        tmp_path,
+        "qwen3",
+        cfg,
+        ref,
+        extra={
+            "lm_head.weight": dup,
+            "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(4),
+        },
+    )
+    lm = load_model(tmp_path)
+    assert lm.config.tie_embeddings and lm.model.lm_head is None
+    assert lm.config.torch_dtype == "bfloat16" and lm.dtype == torch.float32  # CPU default
+    ids = torch.arange(9).view(1, 9)
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids), ref(ids))
+
+
+def test_untied_checkpoint_missing_head(tmp_path):
+    cfg = tiny_config(family="llama", qk_norm=False, tie_embeddings=False, shift_logits=True)
+    ref = _random_model(cfg)
+    _write_hf(tmp_path, "llama", cfg, ref)
+    path = tmp_path / "model.safetensors"
+    from safetensors.torch import load_file
+
+    t = load_file(str(path))
+    del t["lm_head.weight"]
+    save_file(t, str(path))
+    with pytest.raises(CheckpointError, match=r"1 tensor\(s\) missing.*lm_head\.weight"):
+        load_model(tmp_path)
+
+
+def test_dream_style_config(tmp_path):
+    """Dream checkpoints: model_type "Dream", architectures ["DreamModel"], Qwen2
+    tensor names, mask_token_id in config.json, logits shifted."""
+    cfg = tiny_config(
+        family="qwen2", qk_norm=False, qkv_bias=True, tie_embeddings=False, shift_logits=True
+    )
+    ref = _random_model(cfg, seed=3)
+    _write_hf(
+        tmp_path,
+        "qwen2",
+        cfg,
+        ref,
+        config_extra={"model_type": "Dream", "architectures": ["DreamModel"], "mask_token_id": 5},
+    )
+    lm = load_model(tmp_path)
+    assert lm.config.family == "qwen2" and lm.config.shift_logits
+    assert lm.config.mask_token_id == 5 and lm.tokenizer.mask_id == 5
+    assert lm.config.architectures == ["DreamModel"]
+    ids = torch.arange(7).view(1, 7)
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids), ref(ids))
+
+
+# --------------------------------------------------------------------------- weights.py
+
+
+def test_map_name_hf():
+    for fam in ("qwen2", "qwen3", "llama"):
+        assert map_name(fam, "model.embed_tokens.weight", tied=False) == "embed_tokens.weight"
+        assert map_name(fam, "model.norm.weight", tied=False) == "norm.weight"
+        assert (
+            map_name(fam, "model.layers.3.self_attn.q_proj.bias", tied=False)
+            == "layers.3.self_attn.q_proj.bias"
+        )
+        assert (
+            map_name(fam, "model.layers.0.self_attn.k_norm.weight", tied=True)
+            == "layers.0.self_attn.k_norm.weight"
+        )
+        assert map_name(fam, "lm_head.weight", tied=False) == "lm_head.weight"
+        assert map_name(fam, "lm_head.weight", tied=True) == SKIP
+        assert map_name(fam, "model.layers.0.self_attn.rotary_emb.inv_freq", tied=False) == SKIP
+        assert map_name(fam, "transformer.h.0.attn.c_attn.weight", tied=False) is None
+
+
+def test_map_name_llada():
+    m = {
+        "model.transformer.wte.weight": "embed_tokens.weight",
+        "model.transformer.ln_f.weight": "norm.weight",
+        "model.transformer.ff_out.weight": "lm_head.weight",
+        "model.transformer.blocks.2.q_proj.weight": "layers.2.self_attn.q_proj.weight",
+        "model.transformer.blocks.2.k_proj.bias": "layers.2.self_attn.k_proj.bias",
+        "model.transformer.blocks.2.attn_out.weight": "layers.2.self_attn.o_proj.weight",
+        "model.transformer.blocks.2.ff_proj.weight": "layers.2.mlp.gate_proj.weight",
+        "model.transformer.blocks.2.up_proj.weight": "layers.2.mlp.up_proj.weight",
+        "model.transformer.blocks.2.ff_out.weight": "layers.2.mlp.down_proj.weight",
+        "model.transformer.blocks.2.attn_norm.weight": "layers.2.input_layernorm.weight",
+        "model.transformer.blocks.2.ff_norm.weight": "layers.2.post_attention_layernorm.weight",
+    }
+    for src, dst in m.items():
+        assert map_name("llada", src, tied=False) == dst, src
+    assert map_name("llada", "model.transformer.ff_out.weight", tied=True) == SKIP
+    assert map_name("llada", "model.transformer.blocks.0.att_proj.weight", tied=False) is None
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama", "llada", "diffill"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_checkpoint_names_roundtrip(family, tied):
+    cfg = tiny_config(
+        family=family, tie_embeddings=tied, qkv_bias=True, qk_norm=family in ("qwen3", "diffill")
+    )
+    with torch.device("meta"):
+        names = list(Transformer(cfg).state_dict())
+    ckpt_names = to_checkpoint_names(family, names, tied=tied)
+    assert len(set(ckpt_names.values())) == len(names)
+    for ours, theirs in ckpt_names.items():
+        assert map_name(family, theirs, tied=tied) == ours
+
+
+# --------------------------------------------------------------------------- diffill info
+
+
+def test_info_json(ckpt, capsys):
+    rc = cli_main(["info", "--model", str(ckpt[0]), "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    m = report["model"]
+    assert m["family"] == "diffill" and m["path"] == str(ckpt[0].resolve())
+    assert m["architectures"] == ["DiffillForMaskedDiffusion"]
+    assert m["parameters"] == sum(p.numel() for p in ckpt[1].parameters())
+    assert (m["vocab_size"], m["layers"], m["heads"], m["kv_heads"]) == (64, 2, 4, 2)
+    assert m["shift_logits"] is False
+    assert report["runtime"] == {"device": "cpu", "dtype": "float32", "attention_backend": "sdpa"}
+    assert report["special_tokens"]["mask"] == {"id": 3, "token": "<|mask|>"}
+    assert report["special_tokens"]["bos"] == {"id": 0, "token": "<|bos|>"}
+    assert report["provenance"] == {"corpus": "unit-test", "steps": 3}
+
+
+def test_info_text_and_sections(ckpt, capsys, monkeypatch):
+    from diffill.lsp_server.commands import info
+
+    monkeypatch.setattr(
+        info, "SECTIONS", [*info.SECTIONS, ("extra", lambda lm, args: {"answer": 42})]
+    )
+    assert cli_main(["info", "--model", str(ckpt[0])]) == 0
+    out = capsys.readouterr().out
+    for needle in (
+        "[model]",
+        "[runtime]",
+        "[special_tokens]",
+        "[provenance]",
+        "[extra]",
+        "answer",
+        "<|mask|>",
+        "sdpa",
+    ):
+        assert needle in out
+
+
+def test_info_without_provenance_omits_section(tmp_path, capsys):
+    write_diffill_checkpoint(tmp_path)
+    assert cli_main(["info", "--model", str(tmp_path), "--json"]) == 0
+    assert "provenance" not in json.loads(capsys.readouterr().out)
+
+
+def test_info_bad_model(tmp_path, capsys):
+    assert cli_main(["info", "--model", str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err
+    assert "diffill info:" in err and "no such folder" in err
+
+
+def test_info_subprocess(ckpt):
+    r = subprocess.run(
+        [sys.executable, "-m", "diffill.lsp_server.cli", "info", "--model", str(ckpt[0]), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["family"] == "diffill"
