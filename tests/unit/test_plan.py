@@ -1,0 +1,139 @@
+"""Step budget: the chooser on synthetic timings, the JSON plan, canvas padding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from diffill.model.config import ModelConfig
+from diffill.model.plan import (
+    BucketTiming,
+    StepPlan,
+    bucket,
+    choose,
+    describe_plan,
+    measure_plan,
+    pad_canvas,
+    plan_from_timings,
+    predict_ms,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def test_bucket():
+    assert bucket(1, (8, 16)) == 8
+    assert bucket(8, (8, 16)) == 8
+    assert bucket(9, (8, 16)) == 16
+    assert bucket(17, (8, 16)) == 32
+    assert bucket(33, (8, 16)) == 48
+
+
+def test_predict_counts_refreshes():
+    t = BucketTiming(ctx=1024, hole=32, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
+    assert predict_ms(t, 8) == 1 + 8 * 2.0
+    assert predict_ms(t, 8, refresh_every=4) == 1 + 2 * 2.0 + 6 * 0.5
+    assert predict_ms(t, 9, refresh_every=4) == 1 + 3 * 2.0 + 6 * 0.5
+
+
+def test_choose_on_synthetic_timings():
+    t = BucketTiming(ctx=1024, hole=16, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
+    c = choose(t, 25.0)
+    assert (c.steps, c.threshold, c.over_budget) == (12, 0.9, False)  # 1 + 12*2 = 25
+    assert c.predicted_ms == 25.0
+    # with the cache every step but one in four is cheap: all 16 fit, one token per step
+    c = choose(t, 25.0, refresh_every=4)
+    assert (c.steps, c.threshold) == (16, None)
+    # a short hole caps the steps; max_steps caps them too
+    short = BucketTiming(ctx=256, hole=8, rows=3, full_ms=0.1, block_ms=0.1)
+    assert choose(short, 25.0).steps == 8
+    assert choose(short, 25.0, max_steps=4).steps == 4
+    # nothing fits: min_steps, flagged
+    slow = BucketTiming(ctx=2048, hole=64, rows=3, full_ms=30.0, block_ms=30.0)
+    c = choose(slow, 25.0, min_steps=2)
+    assert (c.steps, c.over_budget) == (2, True) and c.predicted_ms == 60.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(full=st.floats(0.01, 40), block_frac=st.floats(0.05, 1.0), over=st.floats(0, 10),
+       hole=st.sampled_from([8, 16, 32, 64]), budget=st.floats(1, 60), r=st.integers(1, 8))
+def test_choice_is_the_largest_fitting_step_count(full, block_frac, over, hole, budget, r):
+    t = BucketTiming(ctx=512, hole=hole, rows=3, full_ms=full, block_ms=full * block_frac,
+                     overhead_ms=over)
+    c = choose(t, budget, refresh_every=r, max_steps=16)
+    hi = min(16, hole)
+    assert 1 <= c.steps <= hi
+    fits = [s for s in range(1, hi + 1) if predict_ms(t, s, r) <= budget]
+    if fits:
+        assert c.steps == max(fits) and not c.over_budget
+    else:
+        assert c.steps == 1 and c.over_budget
+    assert (c.threshold is None) == (c.steps >= hole)
+    # a slower step never gets more steps
+    slower = BucketTiming(ctx=512, hole=hole, rows=3, full_ms=full * 1.5, block_ms=full * block_frac * 1.5,
+                          overhead_ms=over)
+    assert choose(slower, budget, refresh_every=r, max_steps=16).steps <= c.steps
+
+
+def test_plan_json_round_trip_lookup_and_description():
+    timings = [BucketTiming(ctx=c, hole=h, rows=3, full_ms=c / 256 * h / 16, block_ms=0.3)
+               for c in (256, 512, 1024) for h in (8, 16, 32)]
+    plan = plan_from_timings(timings, 25.0, refresh_every=2, device="cpu", model="tiny")
+    again = StepPlan.from_json(plan.to_json())
+    assert again == plan
+    assert plan.choice(300, 10).ctx == 512 and plan.choice(300, 10).hole == 16
+    assert plan.choice(5000, 10).ctx == 1024  # beyond the measured buckets: the largest
+    steps, thr = plan.steps_for(100, 8)
+    assert steps == 8 and thr is None
+    text = describe_plan(plan)
+    assert "budget 25 ms" in text and "refresh every 2" in text
+    assert len(text.splitlines()) == 2 + len(timings)
+
+
+def _tiny():
+    from diffill.model.transformer import Transformer
+
+    cfg = ModelConfig(family="diffill", vocab_size=50, hidden_size=32, intermediate_size=64,
+                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
+                      tie_embeddings=True, mask_token_id=3, pad_token_id=2, eos_token_id=1,
+                      bos_token_id=0, max_position_embeddings=300)
+    m = Transformer(cfg)
+    m.init_weights(seed=0, std=0.3)
+    return m.eval(), cfg
+
+
+def test_padded_canvas_gives_the_same_steps():
+    from diffill.model.sampler import DenoiseState, SpecialIds, Strategy, build_canvas, denoise_step
+
+    model, cfg = _tiny()
+    sp = SpecialIds.from_config(cfg)
+    g = torch.Generator().manual_seed(0)
+    cv = build_canvas(cfg, torch.randint(4, 50, (7,), generator=g).tolist(),
+                      torch.randint(4, 50, (5,), generator=g).tolist(), [6, 3])
+    L, T = cv.ids.shape
+    N = cv.hole_pos.shape[1]
+    pv = pad_canvas(cv, sp.pad, T=T + 9, N=N + 2, L=L + 1)
+    kw = dict(mask_id=sp.mask, pad_id=sp.pad, terminators=sp.terminators, shift=False,
+              strategy=Strategy.CONFIDENCE, threshold=math.inf, temperature=0.0, absorb_pad=True)
+    a = DenoiseState(cv.ids, cv.valid.clone(), torch.zeros(L, N), torch.zeros(L, dtype=torch.long))
+    b = DenoiseState(pv.ids, pv.valid.clone(), torch.zeros(L + 1, N + 2),
+                     torch.zeros(L + 1, dtype=torch.long))
+    with torch.inference_mode():
+        for s in range(4):
+            a = denoise_step(model, cv, a, 4 - s, **kw)
+            b = denoise_step(model, pv, b, 4 - s, **kw)
+    assert torch.equal(a.ids.gather(1, cv.hole_pos), b.ids[:L].gather(1, pv.hole_pos[:L, :N]))
+    assert not b.masked.any() and not b.masked[L:].any()
+    assert torch.isfinite(b.logp).all()
+    with pytest.raises(ValueError):
+        pad_canvas(cv, sp.pad, T=T, N=N + 1)
+
+
+def test_measure_plan_on_a_tiny_model():
+    model, cfg = _tiny()
+    plan = measure_plan(model, cfg, budget_ms=1000.0, ctx_buckets=(32, 64, 512), hole_buckets=(8,),
+                        rows=2, refresh_every=2, repeats=1, max_steps=4)
+    assert [(t.ctx, t.hole) for t in plan.timings] == [(32, 8), (64, 8)]  # 512 exceeds 300 positions
+    assert all(t.full_ms > 0 and t.block_ms > 0 and t.rows == 2 for t in plan.timings)
+    assert all(c.steps == 4 for c in plan.choices)
