@@ -338,6 +338,7 @@ class DiffillDialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             eos_token_id=cfg.eos_token_id,
             bos_token_id=cfg.bos_token_id,
             shift_logits=cfg.shift_logits,
+            torch_dtype=cfg.torch_dtype or "float32",
             provenance=provenance or {},
         )
 

@@ -356,3 +356,24 @@ def test_info_subprocess(ckpt):
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"]["family"] == "diffill"
+
+
+# --------------------------------------------------------------------------- CUDA (skipped without a GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_load_uses_config_dtype(tmp_path):
+    cfg = tiny_config(torch_dtype="bfloat16")
+    ref = write_diffill_checkpoint(tmp_path, cfg)
+    lm = load_model(tmp_path, device="cuda")
+    assert lm.dtype == torch.bfloat16
+    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in lm.model.parameters())
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = lm.model(ids.cuda()).float().cpu()
+        want = ref(ids)
+    assert (got - want).abs().max() < 5e-2
+    fp32 = load_model(tmp_path, device="cuda", dtype="float32")
+    with torch.no_grad():
+        assert (fp32.model(ids.cuda()).cpu() - want).abs().max() < 1e-3
