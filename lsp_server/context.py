@@ -183,17 +183,36 @@ def _take_lines(
             break
         used += len(ids)
         kept.append(line)
-    # Per-line counts approximate the joined count (merges across a newline are rare);
-    # verify on the joined text and drop the farthest line until it fits.
-    while True:
-        text = "".join(reversed(kept)) + first if reverse else first + "".join(kept)
-        ids = encode_batch([text])[0]
-        if len(ids) <= budget or not kept:
-            if len(ids) > budget:  # only the cursor-line part left and still over: cut it
-                text = (_fit_tail if reverse else _fit_head)(text, budget, encode_batch)
-                ids = encode_batch([text])[0]
-            return text, ids
-        kept.pop()
+    # Per-line counts only estimate the joined count (BPE merges across newlines, e.g.
+    # blank lines, make the joined text shorter). Refine on the exact joined count:
+    # shrink while over budget, else binary-search the largest line count that fits.
+    def joined(k: int) -> tuple[str, list[int]]:
+        part = lines[:k]
+        text = "".join(reversed(part)) + first if reverse else first + "".join(part)
+        return text, encode_batch([text])[0]
+
+    k = len(kept)
+    text, ids = joined(k)
+    while len(ids) > budget and k > 0:
+        k -= 1
+        text, ids = joined(k)
+    if len(ids) > budget:  # only the cursor-line part left and still over: cut it
+        text = (_fit_tail if reverse else _fit_head)(text, budget, encode_batch)
+        return text, encode_batch([text])[0]
+    lo, hi = k, len(lines)  # f(lo) fits; find the largest k in [lo, hi] that fits
+    if hi > lo:
+        t_hi, ids_hi = joined(hi)
+        if len(ids_hi) <= budget:
+            return t_hi, ids_hi
+        hi -= 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            t_mid, ids_mid = joined(mid)
+            if len(ids_mid) <= budget:
+                lo, text, ids = mid, t_mid, ids_mid
+            else:
+                hi = mid - 1
+    return text, ids
 
 
 def build_header(snippets: Sequence[Snippet], language: str | None, path: str | None,

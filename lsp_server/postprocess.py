@@ -3,7 +3,9 @@
 Rules, applied in this order by :func:`postprocess`:
 
 1. newlines normalised, trailing whitespace stripped on every line, trailing
-   blank lines dropped;
+   blank lines dropped; a middle that decodes to a broken character (U+FFFD, a
+   multi-byte character cut by the hole's end) loses it when trailing and is
+   dropped otherwise;
 2. line policy: mid-line -> one line (cut at the first newline); at the end of
    the line -> several lines allowed (``auto``; or ``always-single`` /
    ``always-multi``);
@@ -298,7 +300,9 @@ def postprocess(
     """Apply every rule (module doc) to a raw middle. ``prefix`` is the text before the
     cursor (the context window, for brackets and indentation); ``multiline`` overrides
     ``policy`` when given. Returns None when nothing useful is left."""
-    text = strip_trailing_whitespace(raw)
+    text = strip_trailing_whitespace(raw.rstrip("\ufffd"))
+    if "\ufffd" in text:
+        return None
     multi = allow_multiline(policy, line_suffix) if multiline is None else multiline
     if not multi:
         text = first_line(text).rstrip()

@@ -1,0 +1,61 @@
+"""``diffill serve``: the language server on stdio (default) or TCP."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "serve",
+        help="run the language server (stdio, or --tcp HOST:PORT)",
+        description=(
+            "Run the diffill language server. Model options given here are defaults; the "
+            "client's initializationOptions / workspace settings (under \"diffill\") override them."
+        ),
+    )
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="checkpoint folder (default: the shipped default model)")
+    p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1, auto")
+    p.add_argument("--tcp", default=None, metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    p.add_argument("--log-file", default=None, help="write logs here (default: stderr)")
+    p.add_argument("--debug-log-buffers", action="store_true",
+                   help="log DEBUG details including buffer contents (off by default)")
+    return p
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--tcp {value!r}: expected HOST:PORT, e.g. 127.0.0.1:2087")
+    return host or "127.0.0.1", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..options import CompletionOptions, merge_options
+    from ..server import create_server, setup_logging
+
+    raw: dict[str, object] = {}
+    if args.model is not None:
+        raw["modelPath"] = args.model
+    if args.device is not None:
+        raw["device"] = args.device
+    defaults, errors = merge_options(CompletionOptions(), raw)
+    if errors:
+        print("diffill serve: " + "; ".join(errors), file=sys.stderr)
+        return 2
+    hostport = None
+    if args.tcp:
+        try:
+            hostport = parse_hostport(args.tcp)
+        except ValueError as e:
+            print(f"diffill serve: {e}", file=sys.stderr)
+            return 2
+    setup_logging(args.log_file, args.debug_log_buffers)
+    server = create_server(defaults, debug_log_buffers=args.debug_log_buffers)
+    if hostport is not None:
+        server.start_tcp(*hostport)
+    else:
+        server.start_io()
+    return 0

@@ -1,0 +1,183 @@
+"""Freshness: where model work runs and when it stops.
+
+* :class:`Scheduler` runs model work off the event loop on ONE worker thread
+  (the device does one forward at a time anyway). Each job gets a cancel
+  callback, checked by the sampler between diffusion steps, that turns True when
+  - the awaiting asyncio task is cancelled (``$/cancelRequest``),
+  - a newer job for the same key (document) was submitted (latest wins), or
+  - the caller's staleness check fires (the document version changed).
+* :class:`TypeaheadCache`: when the user types the first characters of the last
+  suggestion, the rest is answered without calling the model.
+* :class:`LatencyStats`: recent latencies for ``diffill/status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from .backends import Cancelled
+from .completer import Suggestion
+
+T = TypeVar("T")
+CancelFn = Callable[[], bool]
+
+
+class Superseded(Cancelled):
+    """A newer request for the same document arrived (or the document changed)."""
+
+
+class Scheduler:
+    """Single-worker executor with latest-wins cancellation per key."""
+
+    def __init__(self) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffill-model")
+        self._latest: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def latest(self, key: str) -> int | None:
+        return self._latest.get(key)
+
+    async def run(
+        self,
+        key: str,
+        fn: Callable[[CancelFn], T],
+        *,
+        stale: CancelFn | None = None,
+    ) -> T:
+        """Run ``fn(cancel)`` on the worker; supersedes earlier jobs with this ``key``.
+
+        Raises :class:`Superseded` when a newer job or ``stale()`` stopped this one, and
+        ``asyncio.CancelledError`` when the awaiting task was cancelled (the worker is
+        told to stop at its next check).
+        """
+        with self._lock:
+            ticket = next(self._ids)
+            self._latest[key] = ticket
+        aborted = threading.Event()
+
+        def superseded() -> bool:
+            return self._latest.get(key) != ticket or bool(stale and stale())
+
+        def cancel() -> bool:
+            return aborted.is_set() or superseded()
+
+        def job() -> T:
+            if cancel():
+                raise Cancelled("cancelled while queued")
+            return fn(cancel)
+
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, job)
+        except asyncio.CancelledError:
+            aborted.set()
+            raise
+        except Cancelled as e:
+            if aborted.is_set():
+                raise
+            raise Superseded(str(e)) from None
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run plain work (model loading) on the worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class _Entry:
+    uri: str
+    row: int
+    line_prefix: str
+    line_suffix: str
+    suggestions: list[Suggestion]
+
+
+class TypeaheadCache:
+    """The last suggestions per document, keyed by where they were made.
+
+    :meth:`lookup` hits when the request is on the same document and line, the text
+    right of the cursor is unchanged, and the text left of the cursor is the old one
+    extended by exactly what was typed -- and that typed text starts a suggestion.
+    The hit is the rest of each such suggestion (best first).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+
+    def store(self, uri: str, row: int, line_prefix: str, line_suffix: str,
+              suggestions: list[Suggestion]) -> None:
+        if suggestions:
+            self._entries[uri] = _Entry(uri, row, line_prefix, line_suffix, list(suggestions))
+
+    def forget(self, uri: str) -> None:
+        self._entries.pop(uri, None)
+
+    def lookup(
+        self, uri: str, row: int, line_prefix: str, line_suffix: str
+    ) -> tuple[str, list[Suggestion]] | None:
+        """(typed text, the rest of each matching suggestion) or None on a miss."""
+        e = self._entries.get(uri)
+        if e is None or e.row != row or e.line_suffix != line_suffix:
+            return None
+        if not line_prefix.startswith(e.line_prefix):
+            return None
+        typed = line_prefix[len(e.line_prefix):]
+        if "\n" in typed:
+            return None
+        hits = [
+            replace(s, text=s.text[len(typed):])
+            for s in e.suggestions
+            if s.text.startswith(typed) and s.text[len(typed):].strip()
+        ]
+        return (typed, hits) if hits else None
+
+
+@dataclass
+class LatencyStats:
+    """Recent latencies (ms) and counters."""
+
+    history: int = 200
+    model_ms: deque[float] = field(default_factory=deque)
+    total_ms: deque[float] = field(default_factory=deque)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str, k: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + k
+
+    def add(self, total_ms: float, model_ms: float | None = None) -> None:
+        self.total_ms.append(total_ms)
+        while len(self.total_ms) > self.history:
+            self.total_ms.popleft()
+        if model_ms is not None:
+            self.model_ms.append(model_ms)
+            while len(self.model_ms) > self.history:
+                self.model_ms.popleft()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **self.counters,
+            "p50_ms": percentile(self.total_ms, 50),
+            "p95_ms": percentile(self.total_ms, 95),
+            "model_p50_ms": percentile(self.model_ms, 50),
+            "model_p95_ms": percentile(self.model_ms, 95),
+        }
+
+
+def percentile(values: Any, q: float) -> float | None:
+    """Nearest-rank percentile of ``values`` (None when empty)."""
+    vs = sorted(values)
+    if not vs:
+        return None
+    k = max(0, min(len(vs) - 1, math.ceil(q / 100.0 * len(vs)) - 1))
+    return round(vs[k], 3)

@@ -1,0 +1,457 @@
+"""The diffill language server (pygls 2, stdio or TCP).
+
+Features: ``textDocument/completion`` (items with ``textEdit`` + ``filterText``),
+``textDocument/inlineCompletion`` (LSP 3.18 ghost text), incremental sync, utf-8 /
+utf-16 / utf-32 positions, ``workspace/didChangeConfiguration``, and the custom
+request ``diffill/status``.
+
+Handlers are glue: resolve the document and position (:meth:`DiffillServer.prepare`),
+get suggestions (:meth:`DiffillServer.suggest`: typed-ahead cache, then the model on
+the scheduler's worker thread with latest-wins cancellation), convert them
+(:mod:`.items`). Requests always get an answer: a result, an empty result (model not
+loaded, disabled, superseded by a newer request or a document change), an
+InvalidParams error (position outside the document) or RequestCancelled (-32800,
+after ``$/cancelRequest``).
+
+Buffer contents are never logged unless the server runs with ``--debug-log-buffers``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from diffill import __version__
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+
+from .backends import BACKENDS, Backend, BackendError
+from .completer import Completer, Suggestion
+from .context import Snippet
+from .encoding import LineIndex, PositionError
+from .items import completion_items, inline_items
+from .options import CompletionOptions, options_from
+from .scheduler import LatencyStats, Scheduler, Superseded, TypeaheadCache
+
+log = logging.getLogger("diffill.server")
+
+STATUS_METHOD = "diffill/status"
+TRIGGER_CHARACTERS = [".", "(", "[", "{", ","]
+EXTRA_SNIPPET_LINES = 12
+EXTRA_MAX_DOCS = 3
+
+
+@dataclass
+class Prepared:
+    """A request resolved against one document version (code-point coordinates).
+
+    ``text``/``offset`` are what the model completes: the document, or, with a selected
+    completion item, the document with that item's text in place of its range.
+    ``start``/``end`` is the line range the answer replaces (both the cursor column
+    unless an item is selected) and ``lead`` the selected item's text."""
+
+    uri: str
+    version: int | None
+    row: int
+    col: int
+    line: str
+    text: str
+    offset: int
+    line_prefix: str
+    line_suffix: str
+    start: int
+    end: int
+    lead: str
+    language: str | None
+    path: str | None
+
+
+def _encoding_name(enc: Any) -> str:
+    return str(getattr(enc, "value", enc) or "utf-16")
+
+
+class DiffillServer(LanguageServer):
+    def __init__(self, defaults: CompletionOptions | None = None, *, debug_log_buffers: bool = False) -> None:
+        super().__init__(
+            "diffill", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental
+        )
+        self.options = defaults or CompletionOptions()
+        self.debug_log_buffers = debug_log_buffers
+        self.backend: Backend | None = None
+        self.completer: Completer | None = None
+        self.load_error: str | None = None
+        self.loading = False
+        self.scheduler = Scheduler()
+        self.cache = TypeaheadCache()
+        self.stats = LatencyStats()
+        self.recent: OrderedDict[str, int] = OrderedDict()  # uri -> row of its last edit
+        self._load_task: asyncio.Task[None] | None = None
+        self._index: dict[str, tuple[int | None, LineIndex]] = {}
+
+    # ----------------------------------------------------------------- options & model
+    def apply_settings(self, raw: Any) -> None:
+        """Merge client settings; report bad fields; reload the model when it changed."""
+        old = self.options
+        self.options, errors = options_from(raw, old)
+        for msg in errors:
+            kind = types.MessageType.Warning if "unknown option" in msg else types.MessageType.Error
+            log.warning("%s", msg)
+            self.window_show_message(types.ShowMessageParams(type=kind, message=msg))
+        if self.completer is not None:
+            self.completer.options = self.options
+        self.cache = TypeaheadCache()
+        changed = (old.model_path, old.device, old.backend, old.max_steps) != (
+            self.options.model_path, self.options.device, self.options.backend, self.options.max_steps
+        )
+        if changed and (self.backend is not None or self.load_error is not None or self.loading):
+            self.start_loading()
+
+    def start_loading(self) -> None:
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+        self._load_task = asyncio.ensure_future(self.load())
+
+    def _supports_progress(self) -> bool:
+        caps = self.client_capabilities
+        return bool(caps and caps.window and caps.window.work_done_progress)
+
+    async def load(self) -> None:
+        """Load the configured model on the worker thread, with $/progress when the
+        client supports it; a failure is shown to the user and leaves the server up."""
+        opts = self.options
+        name = opts.model_path or "the default model"
+        self.loading, self.backend, self.completer, self.load_error = True, None, None, None
+        token = await self._progress_begin(f"loading {name} on {opts.device}")
+        t0 = time.perf_counter()
+        try:
+            factory = BACKENDS[opts.backend]
+
+            def work() -> Backend:
+                backend = factory(opts.model_path, opts.device, max_steps=opts.max_steps)
+                warm = getattr(backend, "warmup", None)
+                if warm is not None:
+                    warm()
+                return backend
+
+            backend = await self.scheduler.call(work)
+        except asyncio.CancelledError:
+            self._progress_end(token, "cancelled")
+            raise
+        except Exception as e:
+            self.load_error = f"cannot load model {name}: {type(e).__name__}: {e}"
+            log.error("%s", self.load_error)
+            self.window_show_message(
+                types.ShowMessageParams(type=types.MessageType.Error, message=f"diffill: {self.load_error}")
+            )
+            self._progress_end(token, "failed")
+        else:
+            self.backend = backend
+            self.completer = Completer(backend, self.options)
+            log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, backend.describe())
+            self._progress_end(token, "model loaded")
+        finally:
+            self.loading = False
+
+    async def _progress_begin(self, message: str) -> str | None:
+        if not self._supports_progress():
+            return None
+        token = f"diffill-load-{uuid.uuid4().hex[:8]}"
+        try:
+            await asyncio.wait_for(self.work_done_progress.create_async(token), 5.0)
+        except Exception as e:  # client refused or did not answer: no progress UI
+            log.info("no progress token: %s", e)
+            return None
+        self.work_done_progress.begin(
+            token, types.WorkDoneProgressBegin(title="diffill", message=message, cancellable=False)
+        )
+        return token
+
+    def _progress_end(self, token: str | None, message: str) -> None:
+        if token is not None:
+            self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+
+    # ----------------------------------------------------------------- documents
+    def line_index(self, uri: str) -> tuple[Any, LineIndex] | None:
+        """(document, LineIndex) for an open document, cached per version; None if unknown."""
+        doc = self.workspace.text_documents.get(uri)
+        if doc is None:
+            return None
+        cached = self._index.get(uri)
+        if cached is None or cached[0] != doc.version or cached[1].source is not doc.source:
+            cached = (doc.version, LineIndex(doc.source))
+            self._index[uri] = cached
+        return doc, cached[1]
+
+    def doc_version(self, uri: str) -> int | None:
+        doc = self.workspace.text_documents.get(uri)
+        return None if doc is None else doc.version
+
+    def note_edit(self, uri: str, row: int) -> None:
+        self.recent[uri] = row
+        self.recent.move_to_end(uri)
+        while len(self.recent) > 32:
+            self.recent.popitem(last=False)
+
+    def forget(self, uri: str) -> None:
+        self.recent.pop(uri, None)
+        self._index.pop(uri, None)
+        self.cache.forget(uri)
+
+    def snippets(self, uri: str) -> list[Snippet]:
+        """Extra context: lines around the last edit of other recently edited open documents."""
+        if not self.options.extra_context:
+            return []
+        out = []
+        for other in reversed(self.recent):
+            if other == uri or len(out) >= EXTRA_MAX_DOCS:
+                continue
+            got = self.line_index(other)
+            if got is None:
+                continue
+            doc, idx = got
+            row = self.recent[other]
+            lo = max(0, row - EXTRA_SNIPPET_LINES)
+            text = "".join(idx.lines[lo: row + EXTRA_SNIPPET_LINES])[:4000]
+            if text.strip():
+                out.append(Snippet(path=doc.filename or other, text=text, language=doc.language_id))
+        return out
+
+    def prepare(
+        self,
+        uri: str,
+        position: types.Position,
+        selected: types.SelectedCompletionInfo | None = None,
+    ) -> Prepared | None:
+        """Resolve a request; None for an unknown document. Raises JsonRpcInvalidParams
+        for a position outside the document."""
+        got = self.line_index(uri)
+        if got is None:
+            return None
+        doc, idx = got
+        enc = _encoding_name(self.workspace.position_encoding)
+        try:
+            cur = idx.resolve(position.line, position.character, enc)
+            start = end = cur.col
+            lead = ""
+            text, offset = idx.source, cur.offset
+            if selected is not None and selected.range.start.line == selected.range.end.line == cur.row:
+                a = idx.resolve(cur.row, selected.range.start.character, enc)
+                b = idx.resolve(cur.row, selected.range.end.character, enc)
+                if a.offset <= b.offset:
+                    start, end, lead = a.col, b.col, selected.text
+                    text = idx.source[: a.offset] + lead + idx.source[b.offset:]
+                    offset = a.offset + len(lead)
+        except PositionError as e:
+            raise JsonRpcInvalidParams(f"{uri}: {e}") from None
+        eff_line = cur.line[:start] + lead + cur.line[end:]
+        cut = start + len(lead)
+        return Prepared(
+            uri=uri, version=doc.version, row=cur.row, col=cur.col, line=cur.line,
+            text=text, offset=offset, line_prefix=eff_line[:cut], line_suffix=eff_line[cut:],
+            start=start, end=end, lead=lead, language=doc.language_id, path=doc.filename,
+        )
+
+    # ----------------------------------------------------------------- suggestions
+    async def suggest(self, prep: Prepared, n: int) -> list[Suggestion] | None:
+        """Suggestions for a prepared request, best first; None when superseded."""
+        t0 = time.perf_counter()
+        self.stats.count("requests")
+        hit = self.cache.lookup(prep.uri, prep.row, prep.line_prefix, prep.line_suffix)
+        if hit is not None and (hit[0] or len(hit[1]) >= n):
+            self.stats.count("cache_hits")
+            self.stats.add((time.perf_counter() - t0) * 1000.0)
+            return hit[1][:n]
+        completer = self.completer
+        if completer is None or not self.options.enabled:
+            self.stats.count("not_ready" if completer is None else "disabled")
+            return []
+        snippets = self.snippets(prep.uri)
+
+        def work(cancel: Any) -> tuple[Any, float]:
+            t = time.perf_counter()
+            res = completer.run(prep.text, prep.offset, n=n, cancel=cancel,
+                                language=prep.language, path=prep.path, snippets=snippets)
+            return res, (time.perf_counter() - t) * 1000.0
+
+        try:
+            res, model_ms = await self.scheduler.run(
+                prep.uri, work, stale=lambda: self.doc_version(prep.uri) != prep.version
+            )
+        except Superseded:
+            self.stats.count("superseded")
+            return None
+        except asyncio.CancelledError:
+            self.stats.count("cancelled")
+            raise
+        except BackendError as e:
+            self.stats.count("errors")
+            log.warning("backend error: %s", e)
+            return []
+        self.stats.count("model_requests")
+        self.stats.add((time.perf_counter() - t0) * 1000.0, model_ms)
+        self.cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions)
+        self._log_result(prep, res, model_ms)
+        return res.suggestions
+
+    def _log_result(self, prep: Prepared, res: Any, model_ms: float) -> None:
+        ctx = res.context
+        log.info(
+            "complete %s:%d:%d prefix=%d suffix=%d tokens, %d candidates -> %d suggestions, %.1f ms",
+            prep.path, prep.row, prep.col, ctx.prefix_tokens, ctx.suffix_tokens,
+            len(res.candidates), len(res.suggestions), model_ms,
+        )
+        if self.debug_log_buffers:
+            log.debug("prefix=%r suffix=%r", ctx.prefix[-400:], ctx.suffix[:400])
+            log.debug("suggestions=%r", [s.text for s in res.suggestions])
+
+    def markdown_docs(self) -> bool:
+        caps = self.client_capabilities
+        try:
+            fmts = caps.text_document.completion.completion_item.documentation_format or []
+        except AttributeError:
+            return False
+        return types.MarkupKind.Markdown in fmts
+
+    def status(self) -> dict[str, Any]:
+        desc = self.backend.describe() if self.backend is not None else {}
+        return {
+            "version": __version__,
+            "model": desc.get("model") or self.options.model_path,
+            "family": desc.get("family"),
+            "device": desc.get("device") or self.options.device,
+            "backend": self.options.backend,
+            "loaded": self.backend is not None,
+            "loading": self.loading,
+            "error": self.load_error,
+            "model_calls": getattr(self.backend, "model_calls", None),
+            "position_encoding": _encoding_name(self.workspace.position_encoding),
+            "options": self._options_wire(),
+            **self.stats.summary(),
+        }
+
+    def _options_wire(self) -> dict[str, Any]:
+        import msgspec
+
+        return msgspec.to_builtins(self.options)
+
+
+def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffers: bool = False) -> DiffillServer:
+    server = DiffillServer(defaults, debug_log_buffers=debug_log_buffers)
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: DiffillServer, params: types.InitializeParams) -> None:
+        if params.initialization_options is not None:
+            ls.apply_settings(params.initialization_options)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: DiffillServer, params: types.InitializedParams) -> None:
+        ls.start_loading()
+
+    @server.feature(types.SHUTDOWN)
+    def shutdown(ls: DiffillServer, params: None) -> None:
+        ls.scheduler.shutdown()
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    async def did_change_configuration(ls: DiffillServer, params: types.DidChangeConfigurationParams) -> None:
+        settings = params.settings
+        if not settings and ls.client_capabilities.workspace and ls.client_capabilities.workspace.configuration:
+            got = await ls.workspace_configuration_async(
+                types.ConfigurationParams(items=[types.ConfigurationItem(section="diffill")])
+            )
+            settings = {"diffill": got[0]} if got and isinstance(got[0], dict) else None
+        if settings:
+            ls.apply_settings(settings)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: DiffillServer, params: types.DidOpenTextDocumentParams) -> None:
+        ls.note_edit(params.text_document.uri, 0)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: DiffillServer, params: types.DidChangeTextDocumentParams) -> None:
+        last = params.content_changes[-1] if params.content_changes else None
+        row = last.range.start.line if isinstance(last, types.TextDocumentContentChangePartial) else 0
+        ls.note_edit(params.text_document.uri, row)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: DiffillServer, params: types.DidCloseTextDocumentParams) -> None:
+        ls.forget(params.text_document.uri)
+
+    @server.feature(
+        types.TEXT_DOCUMENT_COMPLETION,
+        types.CompletionOptions(trigger_characters=TRIGGER_CHARACTERS, resolve_provider=False),
+    )
+    async def completion(ls: DiffillServer, params: types.CompletionParams) -> types.CompletionList:
+        prep = ls.prepare(params.text_document.uri, params.position)
+        sugg = await ls.suggest(prep, ls.options.num_candidates) if prep is not None else []
+        if not sugg:
+            return types.CompletionList(is_incomplete=True, items=[])
+        items = completion_items(
+            sugg, row=prep.row, col=prep.col, line=prep.line,
+            encoding=_encoding_name(ls.workspace.position_encoding),
+            markdown=ls.markdown_docs(), language=prep.language,
+        )
+        return types.CompletionList(is_incomplete=False, items=items)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(
+        ls: DiffillServer, params: types.InlineCompletionParams
+    ) -> types.InlineCompletionList:
+        ctx = params.context
+        prep = ls.prepare(params.text_document.uri, params.position, ctx.selected_completion_info)
+        invoked = ctx.trigger_kind == types.InlineCompletionTriggerKind.Invoked
+        n = ls.options.num_candidates if invoked else 1
+        sugg = await ls.suggest(prep, n) if prep is not None else []
+        if not sugg:
+            return types.InlineCompletionList(items=[])
+        items = inline_items(
+            sugg, row=prep.row, start=prep.start, end=prep.end, line=prep.line,
+            encoding=_encoding_name(ls.workspace.position_encoding), lead=prep.lead,
+        )
+        return types.InlineCompletionList(items=items)
+
+    @server.feature(STATUS_METHOD)
+    def status(ls: DiffillServer, params: Any) -> dict[str, Any]:
+        return ls.status()
+
+    return server
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+class RedactBuffers(logging.Filter):
+    """Drop pygls log records that could carry buffer text (didOpen/didChange params,
+    raw JSON messages), keep a short note instead."""
+
+    SENSITIVE = (types.DidOpenTextDocumentParams, types.DidChangeTextDocumentParams)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("pygls"):
+            return True
+        args = record.args if isinstance(record.args, tuple) else (record.args,)
+        if any(isinstance(a, self.SENSITIVE) for a in args) or any(
+            isinstance(a, (str, bytes)) and ('"text"' in str(a) or len(a) > 2000) for a in args
+        ):
+            record.msg = "pygls message redacted (may hold buffer contents; see --debug-log-buffers)"
+            record.args = None
+        return True
+
+
+def setup_logging(log_file: str | None, debug_log_buffers: bool) -> None:
+    """Logs to ``log_file`` (or stderr; stdout is the LSP channel). INFO by default;
+    DEBUG with ``debug_log_buffers`` (which also stops redaction)."""
+    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if not debug_log_buffers:
+        handler.addFilter(RedactBuffers())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug_log_buffers else logging.INFO)
+    if not debug_log_buffers:
+        logging.getLogger("pygls").setLevel(logging.WARNING)

@@ -1,0 +1,70 @@
+"""Options: camelCase wire names, per-field validation, errors naming the field."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from diffill.lsp_server.completer import options_from_kwargs
+from diffill.lsp_server.options import (
+    CompletionOptions,
+    extract_settings,
+    merge_options,
+    options_from,
+)
+
+
+def test_wire_names_are_camel_case():
+    wire = msgspec.to_builtins(CompletionOptions())
+    for key in ("modelPath", "latencyBudgetMs", "maxTokens", "contextTokens", "numCandidates",
+                "multiline", "enabled", "device"):
+        assert key in wire
+    assert wire["latencyBudgetMs"] == 25.0
+
+
+def test_settings_under_diffill_key_or_top_level():
+    assert extract_settings({"diffill": {"maxTokens": 8}, "other": 1}) == {"maxTokens": 8}
+    assert extract_settings({"maxTokens": 8, "pylsp": {}}) == {"maxTokens": 8}
+    assert extract_settings(None) == {}
+    assert extract_settings([1, 2]) == {}
+
+
+def test_good_values_applied():
+    o, errors = options_from({"diffill": {"maxTokens": 8, "multiline": "always-single",
+                                          "modelPath": "/m", "latencyBudgetMs": 40}})
+    assert errors == []
+    assert (o.max_tokens, o.multiline, o.model_path, o.latency_budget_ms) == (8, "always-single", "/m", 40.0)
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("maxTokens", "many"),
+        ("maxTokens", 0),
+        ("latencyBudgetMs", -5),
+        ("multiline", "never"),
+        ("numCandidates", 100),
+        ("contextTokens", 1.5),
+        ("enabled", "yes"),
+        ("prefixFraction", 2.0),
+    ],
+)
+def test_bad_value_is_named_and_previous_value_kept(key, value):
+    prev = CompletionOptions(max_tokens=12)
+    o, errors = merge_options(prev, {key: value, "device": "cuda"})
+    assert len(errors) == 1 and repr(key) in errors[0]
+    assert msgspec.to_builtins(o)[key] == msgspec.to_builtins(prev)[key]
+    assert o.device == "cuda"  # the good field in the same message still applies
+
+
+def test_unknown_key_reported():
+    o, errors = merge_options(CompletionOptions(), {"maxTokenz": 3})
+    assert o == CompletionOptions()
+    assert errors and "maxTokenz" in errors[0] and "unknown" in errors[0]
+
+
+def test_kwargs_helper_raises_with_field_name():
+    assert options_from_kwargs(max_tokens=7).max_tokens == 7
+    with pytest.raises(ValueError, match="maxTokens"):
+        options_from_kwargs(max_tokens=-1)
+    with pytest.raises(ValueError, match="unknown completion option"):
+        options_from_kwargs(nope=1)
