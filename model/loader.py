@@ -14,9 +14,10 @@ Loading goes in two phases so that a bad checkpoint costs nothing:
    map each tensor name to the Transformer's own name (:mod:`.weights`) and
    compare shapes with a model built on the ``meta`` device (no storage).
    Missing, unexpected and mis-shaped tensors are all reported here.
-2. *Materialise*: read tensors one at a time from the memory map, convert them
-   to the target dtype/device and ``load_state_dict(assign=True)`` them into the
-   meta model, so each weight exists once (peak = model + one tensor).
+2. *Materialise*: read tensors one at a time from the memory map, convert (and
+   on CPU copy) them to the target dtype/device and ``load_state_dict(assign=True)``
+   them into the meta model, so each weight exists once (peak = model + one
+   tensor) and the resident model does not depend on the file afterwards.
 
 Every failure raises :class:`CheckpointError`, :class:`~.config.ConfigError`
 or :class:`~.tokenizer.TokenizerError` (all ``ValueError``) with a message that
@@ -266,19 +267,27 @@ def _read_tensors(
     plan: dict[str, _Entry], device: torch.device, dtype: torch.dtype, out: dict[str, torch.Tensor]
 ) -> None:
     """Read each planned tensor from its memory-mapped file into ``out`` (Transformer
-    name -> tensor), converted to ``dtype`` on ``device`` one at a time. Tensors are
-    read straight onto CUDA when the target is CUDA."""
+    name -> tensor), converted to ``dtype`` on ``device`` one at a time, so the peak
+    is the model plus one tensor. Tensors are read straight onto CUDA when the target
+    is CUDA; on CPU each is copied out of the map into the process's own memory."""
     by_file: dict[Path, list[str]] = {}
     for target, e in plan.items():
         by_file.setdefault(e.file, []).append(target)
-    st_device = str(device) if device.type == "cuda" else "cpu"
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        st_device = f"cuda:{index}"
+    else:
+        st_device = "cpu"
+    # On CPU, get_tensor returns a view of the file's shared memory map: copy it, so
+    # the resident model never changes (or faults) when the file is rewritten.
+    private_copy = st_device == "cpu"
     for path, targets in by_file.items():
         try:
             with safe_open(str(path), framework="pt", device=st_device) as f:
                 for target in targets:
-                    out[target] = f.get_tensor(plan[target].ckpt_name).to(
-                        device=device, dtype=dtype
-                    )
+                    t = f.get_tensor(plan[target].ckpt_name)
+                    out[target] = t.to(device=device, dtype=dtype, copy=private_copy)
+                    del t
         except Exception as e:
             raise CheckpointError(f"{path}: failed while reading tensor data ({e})") from e
 

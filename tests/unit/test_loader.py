@@ -377,3 +377,20 @@ def test_cuda_load_uses_config_dtype(tmp_path):
     fp32 = load_model(tmp_path, device="cuda", dtype="float32")
     with torch.no_grad():
         assert (fp32.model(ids.cuda()).cpu() - want).abs().max() < 1e-3
+
+
+def test_model_does_not_alias_the_file(ckpt):
+    """The loaded weights are private copies: rewriting the safetensors file in place
+    (as a new training checkpoint would) leaves the resident model unchanged."""
+    folder, ref = ckpt
+    lm = load_model(folder)
+    path = folder / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    data[header:] = bytes(len(data) - header)  # zero every tensor byte, same size
+    with open(path, "r+b") as f:
+        f.write(data)
+    ids = torch.arange(10).view(1, 10)
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids), ref(ids))
+    assert lm.model.embed_tokens.weight.abs().sum() > 0
