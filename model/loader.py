@@ -39,7 +39,7 @@ from safetensors import safe_open
 from .config import ConfigError, ModelConfig, read_config
 from .tokenizer import Tokenizer, TokenizerError
 from .transformer import Transformer
-from .weights import SKIP, map_name
+from .weights import SKIP, map_name, to_checkpoint_names
 
 __all__ = [
     "CheckpointError",
@@ -256,9 +256,10 @@ def _scan(
         )
     missing = [n for n in expected if n not in plan]
     if missing:
+        names = to_checkpoint_names(cfg.family, missing[:8], tied=cfg.tie_embeddings)
         raise CheckpointError(
-            f"{files[0].parent}: {len(missing)} tensor(s) missing for family {cfg.family!r} "
-            f"(Transformer names): {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "")
+            f"{files[0].parent}: {len(missing)} tensor(s) missing for family {cfg.family!r}: "
+            f"{', '.join(names.values())}" + (" ..." if len(missing) > 8 else "")
         )
     return plan
 

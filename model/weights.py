@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 
 # Tensors some exporters write that carry no learned state (recomputed at run time).
-_HARMLESS_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias")
+_HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LLADA_BLOCK = re.compile(r"^model\.transformer\.blocks\.(\d+)\.([a-z_]+)\.(weight|bias)$")
