@@ -324,6 +324,10 @@ def _materialise(
         model = None
         state.clear()
         traceback.clear_frames(e.__traceback__)  # frames below would keep tensors alive
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed blocks back, not just to torch's cache
+        if isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
+            raise  # out of memory is not a checkpoint defect: keep its type
         if isinstance(e, CheckpointError):
             raise CheckpointError(str(e)) from None
         raise CheckpointError(

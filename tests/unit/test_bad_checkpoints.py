@@ -438,3 +438,17 @@ def test_successful_load_then_release(ckpt, monkeypatch):
     assert tracked.alive()[0] >= 1
     del lm
     assert tracked.alive()[0] == 0
+
+
+def test_out_of_memory_keeps_its_type_and_frees(ckpt, monkeypatch):
+    tracked = _Tracked(monkeypatch)
+    _fail_on_nth_read(monkeypatch, tracked, n=10_000)
+
+    def oom(self, *a, **kw):
+        raise MemoryError("simulated out of memory")
+
+    monkeypatch.setattr(loader_mod.Transformer, "load_state_dict", oom)
+    with pytest.raises(MemoryError, match="simulated out of memory") as ei:
+        load_model(ckpt)
+    assert ei.value is not None and tracked.tensors
+    assert tracked.alive() == (0, 0)
