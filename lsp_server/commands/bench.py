@@ -1,0 +1,283 @@
+"""``diffill bench``: infill latency vs autoregressive decoding, with floors.
+
+Examples::
+
+    diffill bench --quick                          # CI-sized run on the default model
+    diffill bench --model qwen2.5-1.5b --device cuda --ctx 1024 --holes 16 32 64 \\
+        --steps 1 2 4 8 16 --json out.json --plot out.png
+    diffill bench --model path/to/checkpoint --lsp 50   # plus end-to-end LSP latency
+
+See :mod:`diffill.model.bench` for what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from queue import Empty, Queue
+from typing import Any
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from diffill.model.bench import PRESETS
+
+    p = subparsers.add_parser(
+        "bench",
+        help="measure infill latency (p50/p95, tokens/s) against autoregressive decoding",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="default",
+                   help=f"checkpoint folder, or a preset with random weights: {', '.join(PRESETS)}; "
+                        "default: the shipped model (random default shape if not installed)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--ctx", type=int, nargs="+", default=None, help="context lengths (tokens)")
+    p.add_argument("--holes", type=int, nargs="+", default=None, help="hole lengths (tokens)")
+    p.add_argument("--steps", type=int, nargs="+", default=None, help="denoising step counts")
+    p.add_argument("--refresh", type=int, nargs="+", default=None,
+                   help="dual-cache refresh periods to compare; 0 = no cache (default: 0 4)")
+    p.add_argument("--candidates", type=int, default=None,
+                   help="candidate hole lengths per request (1 = the hole only; default 1)")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline")
+    p.add_argument("--no-floors", action="store_true", help="skip the bandwidth/matmul floors")
+    p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flash", "math"])
+    p.add_argument("--lsp", type=int, default=0, metavar="N",
+                   help="also time N completion requests through `diffill serve` over stdio")
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="write a torch.profiler chrome trace of one infill (first grid point)")
+    p.add_argument("--plan", action="store_true",
+                   help="also measure the step plan (steps per shape bucket for --budget-ms)")
+    p.add_argument("--budget-ms", type=float, default=25.0)
+    p.add_argument("--json", default=None, metavar="FILE", help="write all results as JSON")
+    p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of latency vs steps")
+    p.add_argument("--quick", action="store_true", help="tiny grid for CI smoke runs")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    return p
+
+
+def _options(args: argparse.Namespace):
+    from diffill.model.bench import BenchOptions
+
+    if args.quick:
+        base = BenchOptions(ctx=(64,), holes=(8,), steps=(1, 2), refresh=(0, 2), repeats=2,
+                            warmup=1, floor_copy_mb=16, floor_matmul_n=256)
+    else:
+        base = BenchOptions()
+    for name in ("ctx", "holes", "steps", "refresh"):
+        v = getattr(args, name)
+        if v:
+            setattr(base, name, tuple(v))
+    for name in ("candidates", "repeats", "warmup"):
+        v = getattr(args, name)
+        if v is not None:
+            setattr(base, name, v)
+    base.ar = not args.no_ar
+    base.floors = not args.no_floors
+    base.attention = args.attention
+    return base
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from diffill.model import bench
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = None
+    if args.dtype:
+        from diffill.model.loader import _DTYPES
+
+        if args.dtype.lower() not in _DTYPES:
+            print(f"diffill bench: unknown --dtype {args.dtype!r}", file=sys.stderr)
+            return 2
+        dtype = _DTYPES[args.dtype.lower()]
+
+    def log(msg: str) -> None:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+    opts = _options(args)
+    try:
+        bm = bench.load_bench_model(args.model, device, dtype)
+    except (ValueError, RuntimeError) as e:
+        print(f"diffill bench: {e}", file=sys.stderr)
+        return 2
+    log(f"model {bm.name} on {bm.device} {bm.dtype}")
+    result = bench.run_bench(bm, opts, log=log)
+    if args.plan:
+        from diffill.model.plan import describe_plan, measure_plan
+
+        plan = measure_plan(bm.model, bm.config, budget_ms=args.budget_ms,
+                            ctx_buckets=opts.ctx, hole_buckets=opts.holes,
+                            refresh_every=max(opts.refresh), repeats=max(2, opts.repeats // 2),
+                            model_name=bm.name)
+        result["plan"] = json.loads(plan.to_json())
+        log("step plan:\n" + describe_plan(plan))
+    if args.profile:
+        trace = bench.profile_infill(bm, opts, args.profile)
+        result["profile"] = trace
+        log(f"profiler trace: {args.profile}")
+    if args.lsp:
+        if bm.lm is None and not bm.trained:
+            log("LSP end-to-end needs a checkpoint folder with a tokenizer; skipped")
+            result["lsp"] = None
+        else:
+            result["lsp"] = bench_lsp(str(bm.lm.path if bm.lm else args.model), args.lsp,
+                                      device=str(bm.device), log=log)
+    print(bench.format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+        log(f"wrote {args.json}")
+    if args.plot:
+        bench.plot(result, args.plot)
+        log(f"wrote {args.plot}")
+    return 0
+
+
+# -- end-to-end LSP latency -----------------------------------------------------------------------
+
+
+class StdioClient:
+    """A minimal JSON-RPC client for a language server subprocess on stdio
+    (Content-Length framing). Server-to-client requests get a null result;
+    notifications are dropped."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env)
+        self._next = 0
+        self._responses: Queue[dict[str, Any]] = Queue()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True)
+        self._reader.start()
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        body = json.dumps({"jsonrpc": "2.0", **msg}).encode()
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        self.proc.stdin.flush()
+
+    def _read_loop(self) -> None:
+        out = self.proc.stdout
+        assert out is not None
+        while True:
+            length = None
+            while True:
+                line = out.readline()
+                if not line:
+                    return
+                line = line.strip()
+                if not line:
+                    break
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            if length is None:
+                continue
+            msg = json.loads(out.read(length))
+            if "method" in msg and "id" in msg:  # a request from the server
+                self._send({"id": msg["id"], "result": None})
+            elif "id" in msg:
+                self._responses.put(msg)
+
+    def notify(self, method: str, params: Any) -> None:
+        self._send({"method": method, "params": params})
+
+    def request(self, method: str, params: Any, timeout: float = 120.0) -> Any:
+        self._next += 1
+        rid = self._next
+        self._send({"id": rid, "method": method, "params": params})
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self._responses.get(timeout=max(0.01, deadline - time.monotonic()))
+            except Empty:
+                raise TimeoutError(f"no answer to {method} within {timeout:g} s") from None
+            if msg.get("id") == rid:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result")
+
+    def close(self) -> None:
+        try:
+            self.request("shutdown", None, timeout=10)
+            self.notify("exit", None)
+            self.proc.wait(timeout=10)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _bench_document(n: int) -> str:
+    funcs = []
+    for i in range(n):
+        funcs.append(
+            f"def function_{i}(values, limit={i + 3}):\n"
+            f"    total = 0\n"
+            f"    for v in values:\n"
+            f"        if v > limit:\n"
+            f"            total += v * {i + 1}\n"
+            f"    return total\n"
+        )
+    return "import os\nimport sys\n\n\n" + "\n\n".join(funcs)
+
+
+def bench_lsp(model: str, n: int, *, device: str = "cpu", log=print,
+              load_timeout: float = 600.0) -> dict[str, Any]:
+    """Spawn ``diffill serve`` on stdio, open a document and time ``n`` completion
+    requests (each at a different line, so the typed-ahead cache cannot answer).
+    Returns e2e p50/p95 and the server overhead (e2e p50 minus the server's own
+    model-time p50 from ``diffill/status``)."""
+    from diffill.model.bench import percentile
+
+    argv = [sys.executable, "-m", "diffill.lsp_server.cli", "serve", "--model", model,
+            "--device", device]
+    client = StdioClient(argv, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
+                                      "capabilities": {"general": {"positionEncodings": ["utf-16"]}}})
+        client.notify("initialized", {})
+        t0 = time.monotonic()
+        status: dict[str, Any] = {}
+        while time.monotonic() - t0 < load_timeout:
+            status = client.request("diffill/status", None) or {}
+            if status.get("loaded") or status.get("error"):
+                break
+            time.sleep(0.2)
+        if not status.get("loaded"):
+            raise RuntimeError(f"server did not load the model: {status.get('error')}")
+        log(f"LSP server loaded the model in {time.monotonic() - t0:.1f} s")
+        text = _bench_document(max(n, 1))
+        uri = "file:///bench/example.py"
+        client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python",
+                                                                "version": 1, "text": text}})
+        lines = text.split("\n")
+        # the cursor after "total += " in each function: a mid-line hole
+        targets = [(i, ln.index("+= ") + 3) for i, ln in enumerate(lines) if "total += " in ln]
+        targets = (targets * (n // max(1, len(targets)) + 1))[:n]
+        e2e: list[float] = []
+        for row, col in targets:
+            t = time.perf_counter()
+            client.request("textDocument/completion", {"textDocument": {"uri": uri},
+                                                       "position": {"line": row, "character": col}})
+            e2e.append((time.perf_counter() - t) * 1e3)
+        status = client.request("diffill/status", None) or {}
+    finally:
+        client.close()
+    p50 = percentile(e2e, 50)
+    model_p50 = status.get("model_p50_ms")
+    return {"n": len(e2e), "e2e_p50_ms": round(p50, 3), "e2e_p95_ms": round(percentile(e2e, 95), 3),
+            "e2e_mean_ms": round(statistics.fmean(e2e), 3), "server_model_p50_ms": model_p50,
+            "server_p50_ms": status.get("p50_ms"),
+            "overhead_p50_ms": None if model_p50 is None else round(p50 - model_p50, 3),
+            "cache_hits": status.get("cache_hits", 0), "model_requests": status.get("model_requests")}

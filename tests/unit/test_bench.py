@@ -1,0 +1,95 @@
+"""``diffill bench`` smoke tests on a tiny model (no timings asserted)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from diffill.lsp_server.cli import main
+from diffill.model import bench
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def test_weight_bytes_counts_each_weight_once():
+    for name in ("tiny", "default-shape"):
+        cfg = bench.PRESETS[name]
+        m = bench.random_model(cfg)
+        assert bench.weight_bytes(cfg, torch.float32) == 4 * m.num_parameters()  # tied head
+    cfg = bench.PRESETS["tiny"].replace(tie_embeddings=False, qkv_bias=False)
+    m = bench.random_model(cfg)
+    emb = cfg.vocab_size * cfg.hidden_size
+    assert bench.weight_bytes(cfg, torch.bfloat16) == 2 * (m.num_parameters() - emb)
+
+
+def test_presets_have_the_public_shapes():
+    from diffill.model.transformer import Transformer
+
+    with torch.device("meta"):
+        n05 = Transformer(bench.PRESETS["qwen2.5-0.5b"]).num_parameters()
+        n15 = Transformer(bench.PRESETS["qwen2.5-1.5b"]).num_parameters()
+        n7 = Transformer(bench.PRESETS["qwen2.5-7b"]).num_parameters()
+    assert 0.49e9 < n05 < 0.50e9  # Qwen2.5-0.5B: 494M
+    assert 1.54e9 < n15 < 1.55e9  # Qwen2.5-1.5B: 1.54B
+    assert 7.6e9 < n7 < 7.7e9  # Qwen2.5-7B: 7.62B
+
+
+def test_percentile():
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert bench.percentile(xs, 50) == 3.0
+    assert bench.percentile(xs, 95) == 5.0
+    assert bench.percentile([7.0], 95) == 7.0
+
+
+def test_run_bench_quick_on_tiny(tmp_path):
+    bm = bench.load_bench_model("tiny")
+    opts = bench.BenchOptions(ctx=(24, 2000), holes=(4,), steps=(1, 2, 8), refresh=(0, 2),
+                              repeats=2, warmup=0, floor_copy_mb=1, floor_matmul_n=64)
+    res = bench.run_bench(bm, opts)
+    grid = [(r["ctx"], r["hole"], r["steps"], r["refresh"]) for r in res["infill"]]
+    # ctx 2000 exceeds 1024 positions; 8 steps exceed the 4-token hole; 1 step is never cached
+    assert grid == [(24, 4, 1, 0), (24, 4, 2, 0), (24, 4, 2, 2)]
+    assert [(a["ctx"], a["hole"]) for a in res["ar"]] == [(24, 4)]
+    for r in res["infill"]:
+        assert r["p50_ms"] > 0 and r["p95_ms"] >= r["p50_ms"]
+        assert r["ar_over_diffusion"] > 0 and r["over_floor"] > 0
+        assert r["weight_floor_ms"] > 0 and r["flop_floor_ms"] > 0
+    assert res["floors"]["copy_gbps"] > 0 and res["trained_weights"] is False
+    json.dumps(res)
+    text = bench.format_table(res)
+    assert "AR/diff" in text and len(text.splitlines()) == 3 + len(grid)
+    png = tmp_path / "lat.png"
+    bench.plot(res, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    prof = bench.profile_infill(bm, opts, tmp_path / "trace.json")
+    assert (tmp_path / "trace.json").stat().st_size > 0 and prof["steps"] == 2
+
+
+def test_cli_bench_quick(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    png = tmp_path / "b.png"
+    rc = main(["bench", "--quick", "--model", "tiny", "--json", str(out), "--plot", str(png),
+               "--plan", "--budget-ms", "1000"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["infill"] and res["ar"] and res["plan"]["choices"]
+    assert png.stat().st_size > 0
+    assert "ctx" in capsys.readouterr().out
+    assert main(["bench", "--quick", "--model", str(tmp_path / "missing")]) == 2
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_lsp_end_to_end_latency(tmp_path):
+    from _checkpoints import tiny_config, write_diffill_checkpoint
+    from diffill.lsp_server.commands.bench import bench_lsp
+
+    folder = tmp_path / "ckpt"
+    write_diffill_checkpoint(folder, tiny_config(vocab_size=300))
+    res = bench_lsp(str(folder), 3, log=lambda s: None)
+    assert res["n"] == 3 and res["model_requests"] == 3 and res["cache_hits"] == 0
+    assert res["e2e_p50_ms"] > 0 and res["server_model_p50_ms"] is not None
+    assert res["e2e_p95_ms"] >= res["e2e_p50_ms"]
