@@ -157,6 +157,9 @@ class Engine:
     ) -> list[Infill]:
         """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
 
+        ``lengths`` (candidate hole lengths) overrides the ones derived from
+        ``max_tokens``; ``steps`` overrides the engine's default step count.
+
         Raises ValueError (bad request, canvas too long) or
         :class:`~diffill.model.sampler.InfillCancelled`.
         """

@@ -11,7 +11,9 @@ with neither BOS nor prefix, ``cfg.eos_token_id`` is put first so that slot 0
 has a position ``i - 1`` to be read from). All candidate lengths are
 right-padded into ONE batch ``[L, T_max]`` with a key-padding attention mask and
 run in one forward per step. The LM head runs only at the ``N = max(n)`` hole
-slots of each row (``[L, N, D] -> [L, N, V]``), never over the whole canvas;
+slots of each row (``[L, N, D] -> [L, N, V]``), never over the whole canvas
+(slots already committed are computed too and ignored: static shapes keep the
+step compilable and graph-capturable, and cost at most ``L * N`` head rows);
 for ``cfg.shift_logits`` models the logit for slot position ``p`` is read from
 hidden state ``p - 1``. The mask id is never predicted (its logit is -inf).
 
@@ -76,6 +78,11 @@ a hole filled to the brim). Why this one:
   would drown the evidence. Averaging over ``m + 1`` makes candidates with
   different ``n`` comparable: the same middle reached from two lengths gets
   (nearly) the same score, whatever ``n`` was.
+
+Known bias: a hole filled to the brim has no terminator term (there is no slot
+left to say "the middle ends here"), so it misses the one term that is usually
+below average; a too-short hole is still ranked down when, as usual, the model
+is less sure of the squeezed tokens themselves.
 
 Results come back best first (ties: order of ``SamplerConfig.lengths``).
 Candidates whose trimmed middle is identical to a better-ranked one are
@@ -447,12 +454,13 @@ def infill(
         seed = sc.seed if sc.seed is not None else secrets.randbits(62)
         gens = [torch.Generator(device=device).manual_seed(_seed_for(seed, n)) for n in lengths]
     n_loop = sc.steps if sc.threshold is not None else min(sc.steps, N)
+    noise = None
+    if gens:  # rows' unused slots keep zeros (never selected)
+        noise = torch.zeros((L, N, cfg.vocab_size), dtype=torch.float32, device=device)
     for s in range(n_loop):
         if cancel is not None and cancel():
             raise InfillCancelled(f"infill cancelled before step {s + 1}")
-        noise = None
-        if gens:
-            noise = torch.zeros((L, N, cfg.vocab_size), dtype=torch.float32, device=device)
+        if noise is not None:
             for r, n in enumerate(lengths):
                 noise[r, :n] = torch.rand((n, cfg.vocab_size), generator=gens[r], device=device)
         state = denoise_step(
