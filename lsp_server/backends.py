@@ -193,6 +193,7 @@ class LocalBackend:
     def describe(self) -> dict[str, Any]:
         lm = self.engine.lm
         cfg = self.engine.config
+        es = self.engine.stats() if hasattr(self.engine, "stats") else {}
         return {
             "backend": self.name,
             "model": str(getattr(lm, "path", "")),
@@ -200,6 +201,9 @@ class LocalBackend:
             "device": str(self.engine.device),
             "dtype": str(self.engine.dtype).replace("torch.", ""),
             "ms_per_step": self.timer.ms_per_step,
+            "model_calls": self.model_calls,
+            "engine_completed": es.get("completed"),
+            "engine_cancelled": es.get("cancelled"),
         }
 
     # -- helpers ---------------------------------------------------------------------------

@@ -94,6 +94,22 @@ class DiffillServer(LanguageServer):
         self._load_task: asyncio.Task[None] | None = None
         self._index: dict[str, tuple[int | None, LineIndex]] = {}
 
+    def shutdown(self) -> None:
+        """Stop without waiting for pygls's stdin reader thread (blocked in readline until
+        the client closes the pipe) or for a model step in flight: the process exits next."""
+        self.scheduler.shutdown()
+        if self._stop_event is not None:
+            self._stop_event.set()
+        if self._thread_pool is not None:
+            self._thread_pool.shutdown(wait=False, cancel_futures=True)
+        if self._server is not None:
+            self._server.close()
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a shutdown request, 1 otherwise (LSP ``exit`` semantics)."""
+        return 0 if getattr(self.protocol, "_shutdown", False) else 1
+
     # ----------------------------------------------------------------- options & model
     def apply_settings(self, raw: Any) -> None:
         """Merge client settings; report bad fields; reload the model when it changed."""
@@ -329,7 +345,8 @@ class DiffillServer(LanguageServer):
             "loaded": self.backend is not None,
             "loading": self.loading,
             "error": self.load_error,
-            "model_calls": getattr(self.backend, "model_calls", None),
+            "model_calls": desc.get("model_calls"),
+            "engine_cancelled": desc.get("engine_cancelled"),
             "position_encoding": _encoding_name(self.workspace.position_encoding),
             "options": self._options_wire(),
             **self.stats.summary(),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 
@@ -58,4 +60,7 @@ def run(args: argparse.Namespace) -> int:
         server.start_tcp(*hostport)
     else:
         server.start_io()
-    return 0
+    # Leave at once: the stdin reader and model threads are not joined (they may be
+    # blocked in a read or a diffusion step); nothing is left to flush but the logs.
+    logging.shutdown()
+    os._exit(server.exit_code)

@@ -1,0 +1,370 @@
+"""The real ``diffill serve`` subprocess driven over stdio by pytest-lsp.
+
+Servers started (module scope, one event loop):
+
+* ``client``: one per client capability set (Neovim 0.11, VS Code, Emacs), which
+  negotiate utf-8, utf-16 and utf-32 positions respectively;
+* ``slow``: VS Code capabilities with the test hook ``DIFFILL_DEBUG_STEP_DELAY_MS``
+  (a sleep in every per-step cancel check) so that cancellation and supersession are
+  deterministic;
+* ``broken``: a model path that does not exist.
+
+The documents come from the micro corpus the micro model memorised
+(tests/fixtures/micro_corpus.py), so suggestions are non-empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+SERVER = [sys.executable, "-m", "diffill.lsp_server.cli", "serve"]
+CLIENTS = {
+    "neovim@v0.11.0": "utf-8",
+    "visual-studio-code": "utf-16",
+    "emacs": "utf-32",
+}
+FAST = {"diffill": {"steps": 2, "maxTokens": 16, "numCandidates": 3}}
+STEP_DELAY_MS = 150
+SLOW = {"diffill": {"steps": 6, "maxTokens": 16, "numCandidates": 1}}
+
+GREET = "def greet_user(name):\n    message = \"hello \" + name\n    print(message)\n    return message\n"
+ADD = "def add_numbers(a, b):\n    total = a + b\n    return total\n"
+
+
+@pytest.fixture(scope="module")
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    try:
+        return Path(request.getfixturevalue("micro_model_dir"))
+    except pytest.FixtureLookupError:
+        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
+        if not env:
+            raise
+        return Path(env)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+async def start(model: Path | str, spec: str, init: dict | None, env: dict[str, str] | None = None
+                ) -> LanguageClient:
+    cfg = ClientServerConfig(
+        server_command=[*SERVER, "--model", str(model)],
+        server_env={**os.environ, **(env or {})},
+    )
+    client = await cfg.start()
+    client.init_result = await client.initialize_session(
+        types.InitializeParams(capabilities=client_capabilities(spec), initialization_options=init)
+    )
+    client.spec = spec
+    client.encoding = CLIENTS[spec]
+    client.docs = 0
+    return client
+
+
+async def status(client: LanguageClient) -> Any:
+    return await client.protocol.send_request_async("diffill/status", None)
+
+
+async def wait_loaded(client: LanguageClient, timeout: float = 90.0) -> Any:
+    t0 = time.monotonic()
+    while True:
+        st = await status(client)
+        if st.loaded or st.error:
+            return st
+        assert time.monotonic() - t0 < timeout, "model did not load"
+        await asyncio.sleep(0.1)
+
+
+def open_doc(client: LanguageClient, text: str, name: str = "") -> str:
+    client.docs += 1
+    uri = f"file:///tmp/diffill_e2e/{client.docs}{name or '_doc'}.py"
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    return uri
+
+
+def change(client: LanguageClient, uri: str, version: int, start: types.Position,
+           end: types.Position, text: str) -> None:
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=start, end=end), text=text)]))
+
+
+def units(s: str, encoding: str) -> int:
+    if encoding == "utf-8":
+        return len(s.encode("utf-8"))
+    if encoding == "utf-16":
+        return len(s.encode("utf-16-le")) // 2
+    return len(s)
+
+
+def end_of(text: str, line: int, encoding: str) -> types.Position:
+    return types.Position(line=line, character=units(text.split("\n")[line], encoding))
+
+
+def completion(client: LanguageClient, uri: str, pos: types.Position):
+    return client.text_document_completion_async(types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=pos))
+
+
+def inline(client: LanguageClient, uri: str, pos: types.Position, invoked: bool = False,
+           selected: types.SelectedCompletionInfo | None = None):
+    kind = types.InlineCompletionTriggerKind.Invoked if invoked else types.InlineCompletionTriggerKind.Automatic
+    return client.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=pos,
+        context=types.InlineCompletionContext(trigger_kind=kind, selected_completion_info=selected)))
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=list(CLIENTS))
+async def client(request: pytest.FixtureRequest, model_dir: Path):
+    c = await start(model_dir, request.param, FAST)
+    st = await wait_loaded(c)
+    assert st.loaded, st.error
+    yield c
+    await c.shutdown_session()
+    await c.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def slow(model_dir: Path):
+    c = await start(model_dir, "visual-studio-code", SLOW, {"DIFFILL_DEBUG_STEP_DELAY_MS": str(STEP_DELAY_MS)})
+    st = await wait_loaded(c)
+    assert st.loaded, st.error
+    yield c
+    await c.shutdown_session()
+    await c.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def broken(tmp_path_factory: pytest.TempPathFactory):
+    bad = tmp_path_factory.mktemp("nomodel") / "does-not-exist"
+    c = await start(bad, "neovim@v0.11.0", None)
+    yield c
+    await c.shutdown_session()
+    await c.stop()
+
+
+# ----------------------------------------------------------------------------- every client
+
+
+async def test_initialize_capabilities_and_progress(client: LanguageClient):
+    caps = client.init_result.capabilities
+    assert caps.position_encoding == client.encoding
+    assert caps.completion_provider is not None and "." in caps.completion_provider.trigger_characters
+    assert caps.inline_completion_provider is not None
+    assert caps.text_document_sync.change == types.TextDocumentSyncKind.Incremental
+    # model loading was reported with $/progress begin ... end
+    kinds = [[v.kind for v in vals] for vals in client.progress_reports.values()]
+    assert ["begin", "end"] in kinds
+    st = await status(client)
+    assert st.position_encoding == client.encoding
+    assert (st.family, st.device, st.error) == ("diffill", "cpu", None)
+
+
+async def test_completion_item_shape(client: LanguageClient):
+    text = ADD.replace("    return total\n", "    return to\n")
+    uri = open_doc(client, text)
+    pos = end_of(text, 2, client.encoding)
+    res = await completion(client, uri, pos)
+    assert res.items, "the micro model should complete 'return to'"
+    for item in res.items:
+        edit = item.text_edit
+        assert edit.range.start == types.Position(line=2, character=pos.character - 2)  # the word "to"
+        assert edit.range.end.line == 2 and edit.range.end.character >= pos.character
+        assert edit.new_text.startswith("to") and len(edit.new_text) > 2
+        assert item.filter_text == edit.new_text
+        assert item.label == edit.new_text.split("\n")[0] or item.label.endswith("\u2026")
+        doc = item.documentation if isinstance(item.documentation, str) else item.documentation.value
+        assert edit.new_text in doc
+        assert item.insert_text_format == types.InsertTextFormat.PlainText
+        assert item.kind in (types.CompletionItemKind.Text, types.CompletionItemKind.Snippet)
+
+
+async def test_positions_with_emoji_in_each_encoding(client: LanguageClient):
+    enc = client.encoding
+    text = "def greet_user(name):\n    message = \"hello 😀\" + na\n"
+    uri = open_doc(client, text)
+    line = text.split("\n")[1]
+    res = await completion(client, uri, end_of(text, 1, enc))
+    assert res.items
+    word_start = units(line[: line.rindex("na")], enc)
+    for item in res.items:
+        assert item.text_edit.range.start.character == word_start
+        assert item.text_edit.range.end.character >= units(line, enc)
+    # positions in: an incremental edit right after the emoji, in client units
+    after_emoji = units(line[: line.index("😀") + 1], enc)
+    change(client, uri, 2, types.Position(line=1, character=after_emoji),
+           types.Position(line=1, character=after_emoji), "!")
+    line2 = line.replace("😀", "😀!")
+    got = await inline(client, uri, types.Position(line=1, character=units(line2, enc)))
+    assert got.items
+    for item in got.items:
+        assert item.range.start == types.Position(line=1, character=units(line2, enc))
+    st = await status(client)
+    assert st.requests >= 2
+
+
+async def test_inline_invoked_vs_automatic(client: LanguageClient):
+    text = "def square_list(values):\n    result = \n"
+    uri_a = open_doc(client, text)
+    uri_b = open_doc(client, text)
+    pos = end_of(text, 1, client.encoding)
+    auto = await inline(client, uri_a, pos, invoked=False)
+    invoked = await inline(client, uri_b, pos, invoked=True)
+    assert len(auto.items) == 1
+    assert 1 <= len(invoked.items) <= 3
+    assert len({i.insert_text for i in invoked.items}) == len(invoked.items)
+    for item in auto.items + invoked.items:
+        assert item.range.start == pos and item.insert_text.strip()
+
+
+async def test_selected_completion_info(client: LanguageClient):
+    text = "def greet_user(name):\n    mess\n"
+    uri = open_doc(client, text)
+    pos = end_of(text, 1, client.encoding)
+    sel = types.SelectedCompletionInfo(
+        range=types.Range(start=types.Position(line=1, character=4), end=pos), text="message")
+    res = await inline(client, uri, pos, invoked=True, selected=sel)
+    assert res.items
+    for item in res.items:
+        assert item.insert_text.startswith("message") and len(item.insert_text) > len("message")
+        assert item.range.start == sel.range.start and item.range.end.character >= pos.character
+
+
+# ----------------------------------------------------------------------------- freshness
+
+
+async def test_cancel_request_answers_request_cancelled(slow: LanguageClient):
+    uri = open_doc(slow, GREET)
+    before = await status(slow)
+    fut = asyncio.ensure_future(slow.protocol.send_request_async(
+        types.TEXT_DOCUMENT_COMPLETION,
+        types.CompletionParams(text_document=types.TextDocumentIdentifier(uri=uri),
+                               position=types.Position(line=2, character=4)),
+        msg_id="cancel-me"))
+    await asyncio.sleep(STEP_DELAY_MS * 2 / 1000)
+    slow.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="cancel-me"))
+    with pytest.raises(JsonRpcException) as exc:
+        await asyncio.wait_for(fut, 10)
+    assert exc.value.code == -32800
+    for _ in range(50):  # the worker stops at its next step check
+        st = await status(slow)
+        if st.engine_cancelled == (before.engine_cancelled or 0) + 1:
+            break
+        await asyncio.sleep(0.05)
+    assert st.engine_cancelled == (before.engine_cancelled or 0) + 1
+    assert st.cancelled == getattr(before, "cancelled", 0) + 1
+
+
+async def test_newer_request_supersedes_older(slow: LanguageClient):
+    uri = open_doc(slow, GREET)
+    before = await status(slow)
+    first = asyncio.ensure_future(completion(slow, uri, types.Position(line=2, character=4)))
+    await asyncio.sleep(STEP_DELAY_MS * 1.5 / 1000)
+    second = asyncio.ensure_future(completion(slow, uri, types.Position(line=3, character=4)))
+    r1, r2 = await asyncio.wait_for(asyncio.gather(first, second), 20)
+    assert len(r1.items) == 0 and r1.is_incomplete  # superseded: empty, never silent
+    st = await status(slow)
+    assert st.superseded == getattr(before, "superseded", 0) + 1
+    assert st.model_requests == getattr(before, "model_requests", 0) + 1  # the second one ran
+    assert isinstance(r2, types.CompletionList)
+
+
+async def test_document_change_cancels_running_request(slow: LanguageClient):
+    uri = open_doc(slow, GREET)
+    before = await status(slow)
+    fut = asyncio.ensure_future(inline(slow, uri, types.Position(line=2, character=4)))
+    await asyncio.sleep(STEP_DELAY_MS * 1.5 / 1000)
+    change(slow, uri, 2, types.Position(line=0, character=0), types.Position(line=0, character=0), "# hi\n")
+    res = await asyncio.wait_for(fut, 10)
+    assert len(res.items) == 0
+    st = await status(slow)
+    assert st.superseded == getattr(before, "superseded", 0) + 1
+
+
+async def test_typed_ahead_answers_without_model_call(slow: LanguageClient):
+    text = "def greet_user(name):\n    message = \n"
+    uri = open_doc(slow, text)
+    pos = end_of(text, 1, "utf-16")
+    first = await inline(slow, uri, pos)
+    assert first.items and len(first.items[0].insert_text) >= 3
+    sugg = first.items[0].insert_text
+    before = await status(slow)
+    change(slow, uri, 2, pos, pos, sugg[:2])
+    t0 = time.monotonic()
+    second = await inline(slow, uri, types.Position(line=1, character=pos.character + 2))
+    took = time.monotonic() - t0
+    st = await status(slow)
+    assert st.model_calls == before.model_calls  # no model call
+    assert st.cache_hits == getattr(before, "cache_hits", 0) + 1
+    assert [i.insert_text for i in second.items][0] == sugg[2:]
+    assert second.items[0].range.start.character == pos.character + 2
+    print(f"typed-ahead answer in {took * 1000:.1f} ms")
+
+
+# ----------------------------------------------------------------------------- robustness
+
+
+async def test_bad_params_and_server_stays_up(slow: LanguageClient):
+    unknown = await completion(slow, "file:///nowhere/unknown.py", types.Position(line=0, character=0))
+    assert len(unknown.items) == 0
+    uri = open_doc(slow, ADD)
+    with pytest.raises(JsonRpcException) as exc:
+        await completion(slow, uri, types.Position(line=99, character=0))
+    assert exc.value.code == -32602 and "outside the document" in exc.value.message
+    # a character past the end of a line means the end of the line (LSP), not an error
+    res = await inline(slow, uri, types.Position(line=1, character=500))
+    assert isinstance(res, types.InlineCompletionList)
+    st = await status(slow)
+    assert st.loaded
+
+
+async def test_did_change_configuration_bad_value(slow: LanguageClient):
+    n_msgs = len(slow.messages)
+    slow.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"diffill": {"maxTokens": "lots", "numCandidates": 2}}))
+    for _ in range(50):
+        if len(slow.messages) > n_msgs:
+            break
+        await asyncio.sleep(0.05)
+    msg = slow.messages[n_msgs]
+    assert msg.type == types.MessageType.Error and "maxTokens" in msg.message
+    st = await status(slow)
+    assert st.options.numCandidates == 2 and st.options.maxTokens == SLOW["diffill"]["maxTokens"]
+
+
+async def test_status_fields(slow: LanguageClient):
+    st = await status(slow)
+    for key in ("model", "family", "device", "loaded", "error", "requests", "p50_ms", "p95_ms",
+                "model_p50_ms", "model_p95_ms", "model_calls", "cache_hits"):
+        assert hasattr(st, key), key
+    assert st.p50_ms is not None and st.p95_ms >= st.p50_ms
+
+
+async def test_load_failure_shows_message_and_answers_empty(broken: LanguageClient):
+    st = await wait_loaded(broken)
+    assert not st.loaded and "does-not-exist" in st.error
+    errors = [m for m in broken.messages if m.type == types.MessageType.Error]
+    assert errors and "cannot load model" in errors[0].message
+    uri = open_doc(broken, ADD)
+    res = await completion(broken, uri, types.Position(line=2, character=4))
+    assert len(res.items) == 0
+    res2 = await inline(broken, uri, types.Position(line=2, character=4), invoked=True)
+    assert len(res2.items) == 0

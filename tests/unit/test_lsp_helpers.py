@@ -1,0 +1,206 @@
+"""Pure helpers of the language server: position encodings, scheduler, typed-ahead cache,
+LSP item construction, latency percentiles."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from diffill.lsp_server.backends import Cancelled, spread_lengths
+from diffill.lsp_server.completer import Suggestion
+from diffill.lsp_server.encoding import (
+    LineIndex,
+    PositionError,
+    column_to_index,
+    index_to_column,
+)
+from diffill.lsp_server.items import completion_items, inline_items, typed_word
+from diffill.lsp_server.scheduler import (
+    LatencyStats,
+    Scheduler,
+    Superseded,
+    TypeaheadCache,
+    percentile,
+)
+from lsprotocol import types
+
+LINE = 'x = "a😀é" + na'  # 😀: 4 utf-8 bytes, 2 utf-16 units; é: 2 utf-8 bytes
+
+
+# -- encodings --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("enc", ["utf-8", "utf-16", "utf-32"])
+def test_column_round_trip(enc):
+    for i in range(len(LINE) + 1):
+        col = index_to_column(LINE, i, enc)
+        assert column_to_index(LINE, col, enc) == i
+        expected = {"utf-8": len(LINE[:i].encode()), "utf-16": len(LINE[:i].encode("utf-16-le")) // 2,
+                    "utf-32": i}[enc]
+        assert col == expected
+
+
+def test_column_inside_a_character_rounds_down_and_past_end_clamps():
+    emoji = LINE.index("😀")
+    assert column_to_index(LINE, index_to_column(LINE, emoji, "utf-16") + 1, "utf-16") == emoji
+    assert column_to_index(LINE, index_to_column(LINE, emoji, "utf-8") + 3, "utf-8") == emoji
+    assert column_to_index(LINE, 999, "utf-16") == len(LINE)
+
+
+def test_line_index_resolve():
+    idx = LineIndex("ab\n" + LINE + "\r\nlast\n")
+    cur = idx.resolve(1, index_to_column(LINE, len(LINE), "utf-8"), "utf-8")
+    assert (cur.row, cur.col, cur.line) == (1, len(LINE), LINE)
+    assert idx.source[cur.offset - 2: cur.offset] == "na"
+    assert idx.resolve(3, 0, "utf-16").offset == len(idx.source)  # empty line after final newline
+    with pytest.raises(PositionError):
+        idx.resolve(4, 0, "utf-16")
+    with pytest.raises(PositionError):
+        LineIndex("no newline").resolve(1, 0, "utf-16")
+    assert LineIndex("").resolve(0, 5, "utf-8").offset == 0
+
+
+# -- items ------------------------------------------------------------------------------------
+
+def test_typed_word():
+    assert typed_word("    return tot") == "tot"
+    assert typed_word("f(") == ""
+    assert typed_word("é_x1") == "é_x1"
+
+
+@pytest.mark.parametrize("enc", ["utf-8", "utf-16", "utf-32"])
+def test_completion_item_ranges_and_fields(enc):
+    col = len(LINE)
+    items = completion_items(
+        [Suggestion("me)", 1.0, replace_right=0), Suggestion("me\n    x", 0.5)],
+        row=3, col=col, line=LINE, encoding=enc, markdown=True, language="python",
+    )
+    first = items[0]
+    start = index_to_column(LINE, col - 2, enc)
+    assert first.text_edit.range == types.Range(
+        start=types.Position(line=3, character=start),
+        end=types.Position(line=3, character=index_to_column(LINE, col, enc)),
+    )
+    assert first.text_edit.new_text == "name)" == first.filter_text == first.label
+    assert first.documentation.value == "```python\nname)\n```"
+    assert first.kind == types.CompletionItemKind.Text and first.sort_text == "0000"
+    assert first.insert_text_format == types.InsertTextFormat.PlainText
+    assert items[1].kind == types.CompletionItemKind.Snippet and items[1].label == "name \u2026"
+    plain = completion_items([Suggestion("x", 0.0)], row=0, col=0, line="", encoding=enc, markdown=False)
+    assert plain[0].documentation == "x"
+
+
+def test_inline_items_extend_over_auto_closed_and_selected_range():
+    line = 'print("a😀", )'
+    cur = line.index(")")
+    items = inline_items([Suggestion("x)", 0.0, replace_right=1)], row=0, start=cur, end=cur,
+                         line=line, encoding="utf-16")
+    assert items[0].insert_text == "x)"
+    assert items[0].range.start.character == cur + 1  # the emoji counts 2 in utf-16
+    assert items[0].range.end.character == cur + 2
+    sel = inline_items([Suggestion("(1)", 0.0)], row=0, start=0, end=2, line="pr", encoding="utf-8",
+                       lead="print")
+    assert sel[0].insert_text == "print(1)"
+    assert (sel[0].range.start.character, sel[0].range.end.character) == (0, 2)
+
+
+# -- typed-ahead cache ------------------------------------------------------------------------
+
+def test_typeahead_cache_hits_and_misses():
+    c = TypeaheadCache()
+    c.store("u", 3, "    x = ", "", [Suggestion("foo(bar)", 1.0), Suggestion("fizz", 0.5)])
+    assert c.lookup("u", 3, "    x = ", "")[1] == [Suggestion("foo(bar)", 1.0), Suggestion("fizz", 0.5)]
+    typed, hits = c.lookup("u", 3, "    x = fo", "")
+    assert typed == "fo" and [h.text for h in hits] == ["o(bar)"]
+    assert [h.text for h in c.lookup("u", 3, "    x = f", "")[1]] == ["oo(bar)", "izz"]
+    assert c.lookup("u", 3, "    x = fox", "") is None       # typed text diverges
+    assert c.lookup("u", 3, "    x = foo(bar)", "") is None  # nothing left
+    assert c.lookup("u", 4, "    x = fo", "") is None        # other line
+    assert c.lookup("v", 3, "    x = fo", "") is None        # other document
+    assert c.lookup("u", 3, "    x = fo", ")") is None       # text right of the cursor changed
+    assert c.lookup("u", 3, "    y = ", "") is None          # not an extension
+    c.forget("u")
+    assert c.lookup("u", 3, "    x = ", "") is None
+
+
+# -- scheduler --------------------------------------------------------------------------------
+
+async def test_scheduler_runs_off_loop_and_supersedes():
+    s = Scheduler()
+    started = threading.Event()
+    loop_thread = threading.get_ident()
+
+    def slow(cancel):
+        assert threading.get_ident() != loop_thread
+        started.set()
+        for _ in range(500):
+            if cancel():
+                raise Cancelled("stop")
+            threading.Event().wait(0.01)
+        return "slow done"
+
+    first = asyncio.ensure_future(s.run("doc", slow))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(s.run("doc", lambda cancel: "second"))
+    with pytest.raises(Superseded):
+        await first
+    assert await second == "second"
+    # other keys do not supersede each other
+    assert await s.run("a", lambda c: c()) is False
+    s.shutdown()
+
+
+async def test_scheduler_task_cancellation_stops_worker_and_stale_check():
+    s = Scheduler()
+    seen = {}
+    started = threading.Event()
+
+    def job(cancel):
+        started.set()
+        for _ in range(500):
+            if cancel():
+                seen["stopped"] = True
+                raise Cancelled("stop")
+            threading.Event().wait(0.01)
+        return "finished"
+
+    task = asyncio.ensure_future(s.run("doc", job))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await s.run("other", lambda c: "after") == "after"  # worker free again: job stopped
+    assert seen == {"stopped": True}
+    version = {"v": 1}
+
+    def edited_meanwhile(cancel):
+        version["v"] = 2  # the document changes while the job runs
+        if cancel():
+            raise Cancelled("stale")
+        return "ran"
+
+    with pytest.raises(Superseded):
+        await s.run("doc", edited_meanwhile, stale=lambda: version["v"] != 1)
+    s.shutdown()
+
+
+# -- stats, lengths ---------------------------------------------------------------------------
+
+def test_percentiles_and_stats():
+    assert percentile([], 50) is None
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert percentile(range(1, 101), 95) == 95
+    st = LatencyStats()
+    st.count("requests")
+    st.add(10.0, 8.0)
+    st.add(20.0)
+    summary = st.summary()
+    assert summary["requests"] == 1 and summary["p50_ms"] == 10.0 and summary["model_p50_ms"] == 8.0
+
+
+def test_spread_lengths():
+    assert spread_lengths(32, 1) is None
+    assert spread_lengths(32, 3) == (8, 16, 32)
+    assert spread_lengths(3, 3) == (3,)
