@@ -230,6 +230,7 @@ class BenchOptions:
     attention: str = "auto"  # attention backend (model/attention.py)
     kernel: str = "auto"  # select-and-unmask implementation: auto | torch | triton
     compile: bool = False  # torch.compile(mode="reduce-overhead") the step (engine flag)
+    kernel_shapes: tuple[tuple[int, int, int], ...] = ()  # [B, N, V] select-and-unmask timings
     label: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -274,6 +275,9 @@ def run_bench(bm: BenchModel, opts: BenchOptions,
             log("measuring floors (copy bandwidth, matmul rate)")
             result["floors"] = measure_floors(dev, bm.dtype, copy_mb=opts.floor_copy_mb,
                                               matmul_n=opts.floor_matmul_n)
+        if opts.kernel_shapes:
+            log("timing select-and-unmask: torch reference vs Triton")
+            result["select_kernel"] = bench_select_kernel(dev, opts.kernel_shapes, bm.dtype)
         wbytes = weight_bytes(cfg, bm.dtype)
         result["weight_bytes"] = wbytes
         for ctx in opts.ctx:
@@ -381,6 +385,10 @@ def format_table(result: dict[str, Any]) -> str:
             f"{r['p95_ms']:>9.2f} {r['tokens_per_s']:>9.1f} {r.get('ar_p50_ms', float('nan')):>9.2f} "
             f"{r.get('ar_over_diffusion', float('nan')):>7.2f} {r.get('over_floor', float('nan')):>6.1f}"
         )
+    for k in result.get("select_kernel") or []:
+        lines.append(f"select-and-unmask [{k['B']}, {k['N']}, {k['V']}] {k['dtype']}: torch "
+                     f"{k['torch_ms']:.3f} ms" + (f", triton {k['triton_ms']:.3f} ms "
+                                                   f"({k['speedup']:.1f}x)" if "triton_ms" in k else ""))
     for key, title in (("lsp", "LSP end to end"),):
         if result.get(key):
             s = result[key]
@@ -450,3 +458,37 @@ def profile_infill(bm: BenchModel, opts: BenchOptions, path: str | Path, *,
     sort = "cuda_time_total" if bm.device.type == "cuda" else "cpu_time_total"
     return {"path": str(path), "ctx": ctx, "hole": hole, "steps": steps, "refresh": r,
             "top": prof.key_averages().table(sort_by=sort, row_limit=20)}
+
+
+def bench_select_kernel(device: torch.device | str, shapes: Sequence[tuple[int, int, int]],
+                        dtype: torch.dtype = torch.bfloat16, repeats: int = 20
+                        ) -> list[dict[str, Any]]:
+    """Select-and-unmask: the torch reference vs the Triton kernels on [B, N, V] logits.
+
+    Each row also gives the bytes floor (the logits read once / copy bandwidth is
+    left to the reader: ``logits_mb``). Triton rows are absent where it cannot run.
+    """
+    from diffill.kernels import select_unmask as su
+
+    dev = torch.device(device)
+    out = []
+    for B, N, V in shapes:
+        g = torch.Generator(device=dev).manual_seed(B * 7 + N)
+        logits = (torch.randn(B, N, V, device=dev, generator=g) * 4).to(dtype)
+        canvas = torch.randint(0, V, (B, N + 8), device=dev, generator=g)
+        cols = torch.arange(N, device=dev).expand(B, N).contiguous()
+        masked0 = torch.ones(B, N, dtype=torch.bool, device=dev)
+        k = torch.full((B,), max(1, N // 8), device=dev)
+        row: dict[str, Any] = {"B": B, "N": N, "V": V, "dtype": str(dtype).removeprefix("torch."),
+                               "logits_mb": round(logits.numel() * logits.element_size() / 1e6, 3)}
+        impls = ["torch"] + (["triton"] if su.triton_usable(dev) else [])
+        for impl in impls:
+            def fn(impl=impl, args=(logits, canvas, cols, masked0, k, V)) -> None:
+                lg, cv, cl, m0, kk, v = args
+                su.select_unmask(lg, cv, cl, m0.clone(), kk, 0.9, "confidence", ban=v - 1, impl=impl)
+
+            row[f"{impl}_ms"] = round(statistics.median(timed(fn, dev, repeats, 3)), 4)
+        if "triton_ms" in row:
+            row["speedup"] = round(row["torch_ms"] / row["triton_ms"], 2)
+        out.append(row)
+    return out

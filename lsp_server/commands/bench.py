@@ -51,6 +51,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline")
     p.add_argument("--no-floors", action="store_true", help="skip the bandwidth/matmul floors")
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flash", "math"])
+    p.add_argument("--kernel-bench", action="store_true",
+                   help="also time select-and-unmask (torch vs Triton) at this model's vocabulary")
     p.add_argument("--lsp", type=int, default=0, metavar="N",
                    help="also time N completion requests through `diffill serve` over stdio")
     p.add_argument("--profile", default=None, metavar="FILE",
@@ -87,6 +89,12 @@ def _options(args: argparse.Namespace):
     return base
 
 
+def _kernel_shapes(args: argparse.Namespace, vocab: int, opts) -> tuple[tuple[int, int, int], ...]:
+    if not args.kernel_bench:
+        return ()
+    return tuple((b, n, vocab) for b in (1, 3) for n in opts.holes)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     from diffill.model import bench
@@ -115,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill bench: {e}", file=sys.stderr)
         return 2
     log(f"model {bm.name} on {bm.device} {bm.dtype}")
+    opts.kernel_shapes = _kernel_shapes(args, bm.config.vocab_size, opts)
     result = bench.run_bench(bm, opts, log=log)
     if args.plan:
         from diffill.model.plan import describe_plan, measure_plan
