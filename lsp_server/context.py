@@ -7,10 +7,11 @@ the middle of a line, except the cursor line itself, which is cut by
 characters only when it alone exceeds the budget.
 
 Huge documents do not slow this down: only a bounded character window around
-the cursor is ever looked at (``budget * CHARS_PER_TOKEN_BOUND`` characters on
-each side), then trimmed to the token budget. No token is shorter than one
-character, so a window of ``8 * budget`` characters holds at least the budget
-for any text whose tokens average 8 characters or less (code: ~3-4).
+the cursor is ever looked at (at most ``budget * CHARS_PER_TOKEN_BOUND``
+characters on each side), then trimmed to the token budget. The window starts
+at half that (code averages 3-4 characters per token) and widens once when the
+text in it ran out before the budget did; ``8 * budget`` characters hold the
+budget for any text whose tokens average 8 characters or less.
 
 Optional extra context (snippets of other open documents, recent edits) goes
 in front of the prefix as a header, each snippet introduced by a commented
@@ -185,7 +186,7 @@ def _take_lines(
         kept.append(line)
     # Per-line counts only estimate the joined count (BPE merges across newlines, e.g.
     # blank lines, make the joined text shorter). Refine on the exact joined count:
-    # shrink while over budget, else binary-search the largest line count that fits.
+    # shrink while over budget, else search upwards for the largest line count that fits.
     def joined(k: int) -> tuple[str, list[int]]:
         part = lines[:k]
         text = "".join(reversed(part)) + first if reverse else first + "".join(part)
@@ -199,19 +200,22 @@ def _take_lines(
     if len(ids) > budget:  # only the cursor-line part left and still over: cut it
         text = (_fit_tail if reverse else _fit_head)(text, budget, encode_batch)
         return text, encode_batch([text])[0]
-    lo, hi = k, len(lines)  # f(lo) fits; find the largest k in [lo, hi] that fits
-    if hi > lo:
-        t_hi, ids_hi = joined(hi)
-        if len(ids_hi) <= budget:
-            return t_hi, ids_hi
-        hi -= 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            t_mid, ids_mid = joined(mid)
-            if len(ids_mid) <= budget:
-                lo, text, ids = mid, t_mid, ids_mid
-            else:
-                hi = mid - 1
+    # Exponential search upwards from k (usually one probe: the next line does not fit).
+    n, step = len(lines), 1
+    while k + step <= n:
+        t_probe, ids_probe = joined(k + step)
+        if len(ids_probe) > budget:
+            break
+        k, text, ids = k + step, t_probe, ids_probe
+        step *= 2
+    lo, hi = k, min(n, k + step) - 1  # k fits, k + step does not (or is past the end)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        t_mid, ids_mid = joined(mid)
+        if len(ids_mid) <= budget:
+            lo, text, ids = mid, t_mid, ids_mid
+        else:
+            hi = mid - 1
     return text, ids
 
 
@@ -272,17 +276,22 @@ def build_context(
     header_ids = encode_batch([header])[0] if header else []
     body_budget = p_budget - len(header_ids)
 
-    # -- prefix: the cursor line part, then whole lines going up
-    p_lo = max(0, offset - max(body_budget, 1) * CHARS_PER_TOKEN_BOUND)
-    raw = text[p_lo:offset]
-    nl = raw.rfind("\n")
-    cursor_part = raw[nl + 1:]
-    above = _lines_keepends(raw[: nl + 1]) if nl >= 0 else []
-    if p_lo > 0 and above:
-        above = above[1:]  # the window's first line may start mid-line: drop it
-    prefix_body, prefix_body_ids = _take_lines(
-        cursor_part, above[::-1], body_budget, encode_batch, reverse=True
-    )
+    # -- prefix: the cursor line part, then whole lines going up. The character window
+    # starts at ~4 chars/token (code averages 3-4) and widens once when it ran out
+    # before the budget did.
+    for cpt in (CHARS_PER_TOKEN_BOUND // 2, CHARS_PER_TOKEN_BOUND):
+        p_lo = max(0, offset - max(body_budget, 1) * cpt)
+        raw = text[p_lo:offset]
+        nl = raw.rfind("\n")
+        cursor_part = raw[nl + 1:]
+        above = _lines_keepends(raw[: nl + 1]) if nl >= 0 else []
+        if p_lo > 0 and above:
+            above = above[1:]  # the window's first line may start mid-line: drop it
+        prefix_body, prefix_body_ids = _take_lines(
+            cursor_part, above[::-1], body_budget, encode_batch, reverse=True
+        )
+        if p_lo == 0 or len(prefix_body) < len(cursor_part) + sum(map(len, above)):
+            break
     prefix_start = offset - len(prefix_body)
     if header:
         prefix = header + prefix_body
@@ -293,14 +302,17 @@ def build_context(
         prefix, prefix_ids = prefix_body, prefix_body_ids
 
     # -- suffix: the rest of the cursor line (with its newline), then whole lines going down
-    s_hi = min(len(text), offset + max(s_budget, 1) * CHARS_PER_TOKEN_BOUND)
-    raw = text[offset:s_hi]
-    nl = raw.find("\n")
-    rest_part = raw if nl < 0 else raw[: nl + 1]
-    below = _lines_keepends(raw[nl + 1:]) if nl >= 0 else []
-    if s_hi < len(text) and below and not below[-1].endswith("\n"):
-        below = below[:-1]  # the window's last line may end mid-line: drop it
-    suffix, suffix_ids = _take_lines(rest_part, below, s_budget, encode_batch, reverse=False)
+    for cpt in (CHARS_PER_TOKEN_BOUND // 2, CHARS_PER_TOKEN_BOUND):
+        s_hi = min(len(text), offset + max(s_budget, 1) * cpt)
+        raw = text[offset:s_hi]
+        nl = raw.find("\n")
+        rest_part = raw if nl < 0 else raw[: nl + 1]
+        below = _lines_keepends(raw[nl + 1:]) if nl >= 0 else []
+        if s_hi < len(text) and below and not below[-1].endswith("\n"):
+            below = below[:-1]  # the window's last line may end mid-line: drop it
+        suffix, suffix_ids = _take_lines(rest_part, below, s_budget, encode_batch, reverse=False)
+        if s_hi == len(text) or len(suffix) < len(rest_part) + sum(map(len, below)):
+            break
 
     # -- the cursor line and what follows it, for post-processing (bounded)
     lo = max(0, offset - LINE_WINDOW_CHARS)
