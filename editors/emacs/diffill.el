@@ -1,0 +1,371 @@
+;;; diffill.el --- Fill-in-the-middle completion from the diffill language server  -*- lexical-binding: t; -*-
+
+;; Copyright (C) 2025 the diffill authors
+
+;; Author: the diffill authors
+;; Version: 0.1.0
+;; Package-Requires: ((emacs "28.1") (eglot "1.9") (jsonrpc "1.0.14"))
+;; Keywords: convenience, languages, tools
+;; SPDX-License-Identifier: Apache-2.0
+
+;; This file is not part of GNU Emacs.
+
+;; Licensed under the Apache License, Version 2.0 (the "License");
+;; you may not use this file except in compliance with the License.
+;; You may obtain a copy of the License at
+;;
+;;     http://www.apache.org/licenses/LICENSE-2.0
+;;
+;; Unless required by applicable law or agreed to in writing, software
+;; distributed under the License is distributed on an "AS IS" BASIS,
+;; WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+;; See the License for the specific language governing permissions and
+;; limitations under the License.
+
+;;; Commentary:
+
+;; diffill is a language server (`diffill serve', stdio) that fills the hole at
+;; the cursor with a masked-diffusion language model.  This package:
+;;
+;; - registers `diffill serve' with eglot for `diffill-major-modes', passing
+;;   `diffill-server-options' as LSP initializationOptions, so that
+;;   `completion-at-point' (M-TAB, or company/corfu) offers its completions;
+;; - adds `diffill-inline-mode', a minor mode that shows the server's
+;;   textDocument/inlineCompletion answer as ghost text (an overlay) after you
+;;   stop typing, since eglot has no inline completion UI of its own.
+;;
+;; Setup:
+;;
+;;   (require 'diffill)
+;;   (setq diffill-server-options '(:device "cpu"))  ; optional, see below
+;;   (diffill-setup)            ; eglot entry + diffill-inline-mode in managed buffers
+;;   ;; then M-x eglot in a Python buffer
+;;
+;; Keys while ghost text is shown (`diffill-inline-mode-map'; they fall
+;; through to their usual commands when no ghost text is shown):
+;;
+;;   TAB      accept the suggestion
+;;   M-]      next candidate        M-[   previous candidate
+;;   C-g      dismiss
+;;
+;; Commands: `diffill-toggle' (on/off, pushed to the server with
+;; workspace/didChangeConfiguration), `diffill-status' (model, device, last
+;; latency), `diffill-inline-trigger' (ask now), `diffill-inline-accept',
+;; `diffill-inline-next', `diffill-inline-previous', `diffill-inline-dismiss'.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'eglot)
+(require 'jsonrpc)
+
+(defgroup diffill nil
+  "Fill-in-the-middle completion from the diffill language server."
+  :group 'tools
+  :prefix "diffill-")
+
+(defcustom diffill-server-command '("diffill" "serve")
+  "Command line that starts the diffill language server on stdio."
+  :type '(repeat string))
+
+(defcustom diffill-major-modes '(python-mode python-ts-mode)
+  "Major modes (and modes derived from them) whose buffers eglot hands to diffill.
+Use \\='(prog-mode) for every programming language.  Eglot 1.9 runs one server
+per buffer, so these modes do not get their usual language server."
+  :type '(repeat symbol))
+
+(defcustom diffill-server-options nil
+  "Server options, a plist with the server's camelCase names.
+For example (:modelPath \"/path/to/ckpt\" :device \"cuda\" :latencyBudgetMs 25
+:maxTokens 32 :contextTokens 1024 :multiline \"auto\" :numCandidates 3
+:enabled t).  Use :json-false for false.  Sent as initializationOptions (under
+\"diffill\") and again by `diffill-toggle' and `diffill-configure'."
+  :type 'plist)
+
+(defcustom diffill-inline-delay 0.15
+  "Seconds without a buffer change before ghost text is requested."
+  :type 'number)
+
+(defcustom diffill-inline-auto t
+  "Non-nil: `diffill-setup' enables `diffill-inline-mode' in diffill buffers."
+  :type 'boolean)
+
+(defface diffill-ghost-face
+  '((t :inherit shadow :slant italic))
+  "Face of the ghost text shown by `diffill-inline-mode'.")
+
+;;;; Server registration (eglot)
+
+(defvar diffill-inline-mode)            ; defined by `define-minor-mode' below
+
+(defun diffill--initialization-options (_server)
+  "The initializationOptions object sent to the diffill server."
+  (list :diffill (or diffill-server-options eglot--{})))
+
+(defun diffill--contact ()
+  "The `eglot-server-programs' contact for diffill."
+  (append diffill-server-command
+          (list :initializationOptions #'diffill--initialization-options)))
+
+;;;###autoload
+(defun diffill-setup ()
+  "Register diffill with eglot and, when `diffill-inline-auto', enable ghost text."
+  (interactive)
+  (setq eglot-server-programs
+        (cons (cons diffill-major-modes (diffill--contact))
+              (cl-remove-if (lambda (entry) (equal (cdr entry) (diffill--contact)))
+                            eglot-server-programs)))
+  (add-hook 'eglot-managed-mode-hook #'diffill--maybe-enable-inline))
+
+(defun diffill--server ()
+  "The eglot server of this buffer when it is diffill, else nil.
+A server counts as diffill when its serverInfo name says so or when it offers
+inline completions (the only servers this package has any use for)."
+  (let ((server (eglot-current-server)))
+    (when (and server
+               (or (string-match-p "diffill" (or (plist-get (eglot--server-info server) :name) ""))
+                   (plist-member (eglot--capabilities server) :inlineCompletionProvider)))
+      server)))
+
+(defun diffill--maybe-enable-inline ()
+  "Turn `diffill-inline-mode' on or off with eglot management of this buffer."
+  (when diffill-inline-auto
+    (if (and (bound-and-true-p eglot--managed-mode) (diffill--server))
+        (diffill-inline-mode 1)
+      (when diffill-inline-mode (diffill-inline-mode -1)))))
+
+(defun diffill-configure (options)
+  "Merge the plist OPTIONS into `diffill-server-options', push them to the server."
+  (let ((new (copy-sequence diffill-server-options)))
+    (cl-loop for (key value) on options by #'cddr
+             do (setq new (plist-put new key value)))
+    (setq diffill-server-options new))
+  (let ((server (diffill--server)))
+    (when server
+      (jsonrpc-notify server :workspace/didChangeConfiguration
+                      (list :settings (list :diffill diffill-server-options))))))
+
+(defun diffill-toggle ()
+  "Turn diffill's completions on or off."
+  (interactive)
+  (let ((on (not (eq (plist-get diffill-server-options :enabled) :json-false))))
+    (diffill-configure (list :enabled (if on :json-false t)))
+    (unless on (diffill-inline-dismiss))
+    (message "diffill: %s" (if on "off" "on"))))
+
+(defun diffill-status ()
+  "Show the server's diffill/status: model, device, last latency."
+  (interactive)
+  (let ((server (or (diffill--server) (user-error "No diffill server in this buffer"))))
+    (let ((st (jsonrpc-request server :diffill/status eglot--{})))
+      (when (called-interactively-p 'interactive)
+        (message "diffill: %s" (json-encode st)))
+      st)))
+
+;;;; Ghost text (textDocument/inlineCompletion)
+
+(defvar-local diffill--items nil "Inline completion items (plists) of the last answer.")
+(defvar-local diffill--index 0 "Index in `diffill--items' of the item shown.")
+(defvar-local diffill--overlay nil "Overlay showing the ghost text.")
+(defvar-local diffill--start nil "Marker at the start of the range the shown item replaces.")
+(defvar-local diffill--end nil "Marker at the end of that range (at request time).")
+(defvar-local diffill--timer nil "Pending debounce timer.")
+(defvar-local diffill--request-tick 0 "Counter identifying the latest request.")
+
+(defun diffill--item-text (item)
+  "Insert text of the inline completion ITEM (a string or a StringValue's value)."
+  (let ((text (plist-get item :insertText)))
+    (if (stringp text) text (or (plist-get text :value) ""))))
+
+(defun diffill--remainder ()
+  "Text of the shown item still to be inserted at point, or nil.
+What sits between the range start and point must be a prefix of the item
+\(typed ahead); the rest is the remainder."
+  (let ((item (nth diffill--index diffill--items)))
+    (when (and item diffill--start (marker-buffer diffill--start)
+               (>= (point) diffill--start))
+      (let* ((text (diffill--item-text item))
+             (typed (buffer-substring-no-properties diffill--start (point))))
+        (when (and (string-prefix-p typed text) (< (length typed) (length text)))
+          (substring text (length typed)))))))
+
+(defun diffill-inline-visible-p ()
+  "Non-nil when ghost text is shown at point."
+  (and diffill--overlay (overlay-buffer diffill--overlay)
+       (= (overlay-start diffill--overlay) (point))
+       (diffill--remainder)
+       t))
+
+(defun diffill-inline-suggestion ()
+  "The text that `diffill-inline-accept' would insert now, or nil."
+  (and (diffill-inline-visible-p) (diffill--remainder)))
+
+(defun diffill--hide ()
+  "Delete the ghost text overlay."
+  (when diffill--overlay
+    (delete-overlay diffill--overlay)
+    (setq diffill--overlay nil)))
+
+(defun diffill--render ()
+  "Show the remainder of the current item as ghost text at point."
+  (diffill--hide)
+  (let ((rest (diffill--remainder)))
+    (when rest
+      (let ((shown (propertize rest 'face 'diffill-ghost-face))
+            (n (length diffill--items)))
+        (when (> n 1)
+          (setq shown (concat shown (propertize (format " (%d/%d)" (1+ diffill--index) n)
+                                                'face 'shadow))))
+        ;; The cursor stays before the ghost text.
+        (put-text-property 0 1 'cursor t shown)
+        (setq diffill--overlay (make-overlay (point) (point) nil nil t))
+        (overlay-put diffill--overlay 'diffill t)
+        (overlay-put diffill--overlay 'after-string shown)
+        (overlay-put diffill--overlay 'priority 1000)))))
+
+(defun diffill--show-item (index)
+  "Show item INDEX of `diffill--items'."
+  (let* ((item (nth index diffill--items))
+         (range (plist-get item :range)))
+    (setq diffill--index index)
+    (let ((region (if range (eglot--range-region range) (cons (point) (point)))))
+      (setq diffill--start (copy-marker (car region))
+            diffill--end (copy-marker (cdr region) t)))
+    (diffill--render)))
+
+(defun diffill-inline-dismiss ()
+  "Hide the ghost text and forget the candidates."
+  (interactive)
+  (when diffill--timer (cancel-timer diffill--timer) (setq diffill--timer nil))
+  (cl-incf diffill--request-tick)
+  (setq diffill--items nil diffill--index 0)
+  (diffill--hide))
+
+(defun diffill--request (trigger-kind &optional then)
+  "Ask for inline completions at point; TRIGGER-KIND 1 = invoked, 2 = automatic.
+THEN, if non-nil, is called in the buffer after the answer was shown."
+  (let ((server (diffill--server)))
+    (when server
+      (let* ((buf (current-buffer))
+             (tick (cl-incf diffill--request-tick))
+             (pos (point))
+             (modified (buffer-chars-modified-tick))
+             (params (append (eglot--TextDocumentPositionParams)
+                             (list :context (list :triggerKind trigger-kind)))))
+        ;; eglot sends pending didChange notifications before a request only when asked to.
+        (eglot--signal-textDocument/didChange)
+        (jsonrpc-async-request
+         server :textDocument/inlineCompletion params
+         :success-fn
+         (lambda (result)
+           (when (buffer-live-p buf)
+             (with-current-buffer buf
+               ;; Drop stale answers: a newer request, an edit, or point moved.
+               (when (and (= tick diffill--request-tick)
+                          (= modified (buffer-chars-modified-tick))
+                          (= pos (point)))
+                 (let ((items (if (vectorp result) result (plist-get result :items))))
+                   (setq diffill--items
+                         (cl-remove-if (lambda (it) (string-empty-p (diffill--item-text it)))
+                                       (append items nil))))
+                 (if diffill--items
+                     (diffill--show-item 0)
+                   (diffill--hide))
+                 (when then (funcall then))))))
+         :error-fn #'ignore
+         :timeout-fn #'ignore)))))
+
+(defun diffill-inline-trigger ()
+  "Ask the server for ghost text at point now."
+  (interactive)
+  (diffill--request 1))
+
+(defun diffill-inline-accept ()
+  "Insert the ghost text: replace the shown item's range with its text."
+  (interactive)
+  (let ((rest (diffill--remainder))
+        (item (nth diffill--index diffill--items)))
+    (when (and rest item)
+      (let ((text (diffill--item-text item))
+            (start (marker-position diffill--start))
+            ;; The range may extend past point (e.g. an auto-closed bracket).
+            (end (max (point) (marker-position diffill--end))))
+        (diffill-inline-dismiss)
+        (goto-char start)
+        (delete-region start end)
+        (insert text)))))
+
+(defun diffill-inline-next (&optional n)
+  "Show the Nth next candidate (default 1); ask for several when there is one."
+  (interactive "p")
+  (let ((n (or n 1)))
+    (cl-flet ((step ()
+                (let ((count (length diffill--items)))
+                  (when (> count 0)
+                    (diffill--show-item (mod (+ diffill--index n) count))))))
+      (if (> (length diffill--items) 1)
+          (step)
+        (diffill--request 1 (lambda () (when (> (length diffill--items) 1) (step))))))))
+
+(defun diffill-inline-previous (&optional n)
+  "Show the Nth previous candidate (default 1)."
+  (interactive "p")
+  (diffill-inline-next (- (or n 1))))
+
+(defun diffill--after-change (_beg _end _len)
+  "Keep typed-ahead ghost text and schedule a new request."
+  (when diffill--timer (cancel-timer diffill--timer))
+  (let ((buf (current-buffer)))
+    (setq diffill--timer
+          (run-with-timer diffill-inline-delay nil
+                          (lambda ()
+                            (when (buffer-live-p buf)
+                              (with-current-buffer buf
+                                (setq diffill--timer nil)
+                                (when (eq buf (window-buffer (selected-window)))
+                                  (diffill--request 2)))))))))
+
+(defun diffill--post-command ()
+  "Re-render or drop the ghost text after each command (typing ahead, moving)."
+  (when diffill--items
+    (if (diffill--remainder)
+        (unless (and diffill--overlay (= (overlay-start diffill--overlay) (point)))
+          (diffill--render))
+      (diffill--hide))))
+
+(defun diffill--when-visible (command)
+  "Key binding filter: COMMAND while ghost text is shown, else fall through."
+  (when (diffill-inline-visible-p) command))
+
+(defvar diffill-inline-mode-map
+  (let ((map (make-sparse-keymap)))
+    (dolist (binding '(("TAB" . diffill-inline-accept)
+                       ("<tab>" . diffill-inline-accept)
+                       ("M-]" . diffill-inline-next)
+                       ("M-[" . diffill-inline-previous)
+                       ("C-g" . diffill-inline-dismiss)))
+      (define-key map (kbd (car binding))
+                  `(menu-item "" ,(cdr binding) :filter diffill--when-visible)))
+    map)
+  "Keys of `diffill-inline-mode', active only while ghost text is shown.")
+
+;;;###autoload
+(define-minor-mode diffill-inline-mode
+  "Show diffill's inline completions as ghost text (needs an eglot diffill server).
+After each change, once `diffill-inline-delay' seconds pass without another,
+the server is asked for textDocument/inlineCompletion at point and its answer
+is drawn after point.
+
+\\{diffill-inline-mode-map}"
+  :lighter " diffill"
+  :keymap diffill-inline-mode-map
+  (if diffill-inline-mode
+      (progn
+        (add-hook 'after-change-functions #'diffill--after-change nil t)
+        (add-hook 'post-command-hook #'diffill--post-command nil t))
+    (remove-hook 'after-change-functions #'diffill--after-change t)
+    (remove-hook 'post-command-hook #'diffill--post-command t)
+    (diffill-inline-dismiss)))
+
+(provide 'diffill)
+;;; diffill.el ends here

@@ -1,0 +1,44 @@
+// Settings -> the options object the diffill server reads (camelCase wire names).
+// Only settings the user actually set are sent: null/empty means "the server's default",
+// and the server reports unknown keys as warnings, so nothing else goes on the wire.
+
+/** `diffill.*` settings forwarded to the server, under the same names. */
+export const SERVER_OPTIONS = [
+  'enabled',
+  'modelPath',
+  'device',
+  'latencyBudgetMs',
+  'maxTokens',
+  'contextTokens',
+  'multiline',
+  'numCandidates',
+] as const;
+
+export type ServerOptionName = (typeof SERVER_OPTIONS)[number];
+export type ServerOptions = Partial<Record<ServerOptionName, string | number | boolean>>;
+
+/** Minimal view of `vscode.WorkspaceConfiguration` (keeps this module free of `vscode`). */
+export interface SettingsReader {
+  get<T>(name: string): T | undefined;
+}
+
+/** Build the server options from the `diffill` configuration section. */
+export function serverOptions(settings: SettingsReader): ServerOptions {
+  const out: ServerOptions = {};
+  for (const name of SERVER_OPTIONS) {
+    const value = settings.get<unknown>(name);
+    if (value === null || value === undefined || value === '') continue;
+    if (typeof value === 'string' || typeof value === 'number' || typeof value === 'boolean') {
+      out[name] = value;
+    }
+  }
+  return out;
+}
+
+/** The server command line from `diffill.serverCommand`, validated. */
+export function serverCommand(settings: SettingsReader): { command: string; args: string[] } {
+  const raw = settings.get<unknown>('serverCommand');
+  const argv = Array.isArray(raw) ? raw.filter((a): a is string => typeof a === 'string' && a !== '') : [];
+  if (argv.length === 0) return { command: 'diffill', args: ['serve'] };
+  return { command: argv[0], args: argv.slice(1) };
+}
