@@ -1,0 +1,20 @@
+"""Evaluation for ``diffill eval``: infilling tasks, the execution sandbox, metrics,
+a non-neural baseline and the speed-quality frontier.
+
+Modules:
+
+- :mod:`.tasks`      HumanEval single-line infilling tasks (and any human-eval-infilling
+                     jsonl), the cursor convention, samples I/O.
+- :mod:`.sandbox`    runs ``prompt + completion + suffix + test`` in an isolated subprocess.
+- :mod:`.metrics`    exact match, edit similarity (bit-parallel Levenshtein + reference DP).
+- :mod:`.heldout`    masked lines / 2-4 line spans sampled from the held-out corpus.
+- :mod:`.baseline`   "continue by analogy" non-neural baseline.
+- :mod:`.generators` the completion sources under test (model via the editors' Completer,
+                     the empty completion, the baseline), all behind one ``Generator`` protocol.
+- :mod:`.runner`     generation + scoring of one generator on the task sets.
+- :mod:`.frontier`   steps vs quality/latency table and plot.
+- :mod:`.report`     text tables and the results JSON.
+
+The cursor convention (used for every task, the model, the baseline and the empty floor) is
+documented in :mod:`.tasks`.
+"""

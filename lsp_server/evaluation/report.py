@@ -1,0 +1,83 @@
+"""Text tables and the results JSON of ``diffill eval``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .frontier import frontier_table
+
+
+def sanitize(x: Any) -> Any:
+    """JSON-safe copy: NaN/inf -> None, tuples -> lists, Paths -> str."""
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else x
+    if isinstance(x, dict):
+        return {str(k): sanitize(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [sanitize(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sanitize(data), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _f(x: Any, spec: str = "6.3f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-".rjust(len(format(0.0, spec)))
+    return format(x, spec)
+
+
+def humaneval_table(section: dict[str, Any]) -> str:
+    head = f"{'system':<10} {'pass@1':>7} {'pass':>6} {'fail':>6} {'t/o':>5} {'EM':>6} {'EM(ws)':>6} {'p50 ms':>8}"
+    rows = [f"{section['title']} ({section['tasks']} tasks)", head, "-" * len(head)]
+    for name, s in section["systems"].items():
+        rows.append(
+            f"{name:<10} {_f(s.get('pass_at_1'), '7.3f')} {s.get('passed', '-'):>6} {s.get('failed', '-'):>6} "
+            f"{s.get('timeout', '-'):>5} {_f(s.get('exact_match'))} {_f(s.get('exact_match_ws'))} "
+            f"{_f(s.get('latency_p50_ms'), '8.1f')}"
+        )
+    return "\n".join(rows)
+
+
+def heldout_table(section: dict[str, Any]) -> str:
+    head = f"{'system':<10} {'set':<6} {'tasks':>5} {'EM':>6} {'EM(ws)':>6} {'ES':>6} {'p50 ms':>8}"
+    rows = [f"Held-out corpus ({section['source']})", head, "-" * len(head)]
+    for kind in ("lines", "spans"):
+        part = section.get(kind)
+        if not part:
+            continue
+        for name, s in part["systems"].items():
+            rows.append(
+                f"{name:<10} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} {_f(s.get('exact_match_ws'))} "
+                f"{_f(s.get('edit_similarity'))} {_f(s.get('latency_p50_ms'), '8.1f')}"
+            )
+    return "\n".join(rows)
+
+
+def render(results: dict[str, Any]) -> str:
+    parts: list[str] = []
+    if "humaneval" in results:
+        parts.append(humaneval_table(results["humaneval"]))
+    if "heldout" in results:
+        parts.append(heldout_table(results["heldout"]))
+    if results.get("frontier"):
+        parts.append("Speed-quality frontier\n" + frontier_table(results["frontier"]))
+    sb = results.get("sandbox")
+    if sb:
+        parts.append(
+            "Sandbox: network=" + str(sb.get("network")) + "; processes=" + str(sb.get("processes"))
+            + "; user=" + str(sb.get("user")) + "; writes=" + str(sb.get("writes"))
+        )
+    for n in results.get("notes", []):
+        parts.append("note: " + n)
+    if results.get("files"):
+        parts.append("wrote: " + ", ".join(str(v) for v in results["files"].values()))
+    return "\n\n".join(parts)
