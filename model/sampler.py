@@ -342,12 +342,16 @@ def denoise_step(
     temperature: float,
     absorb_pad: bool,
     noise: torch.Tensor | None = None,
+    select_impl: str | None = None,
 ) -> DenoiseState:
     """One refinement step over the whole batch; pure (returns a new state).
 
     model: forward_hidden(ids [L,T], attention_mask [L,T]) -> (hidden [L,T,D], _),
     head(hidden [..., D]) -> logits [..., V]. threshold = +inf in fixed mode.
     noise: [L, N, V] uniform in [0, 1) when temperature > 0.
+    select_impl: None = the torch code below; 'auto' / 'triton' / 'torch' = the fused
+    select-and-unmask of :mod:`diffill.kernels.select_unmask` (same rules; greedy steps
+    only -- at temperature > 0 the torch code below always runs).
     No host synchronisation.
     """
     ids, masked, logp, steps = state
@@ -355,25 +359,37 @@ def denoise_step(
     src = canvas.hole_pos - 1 if shift else canvas.hole_pos  # [L, N]
     src = src.clamp_min(0)
     h = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # [L, N, D]
-    logits = model.head(h).float()  # [L, N, V]
-    logits[..., mask_id] = float("-inf")
-    tok, score, tok_logp = token_scores(logits, strategy, temperature, noise)
-
     rem = masked.sum(1)  # [L]
     k = torch.div(rem + steps_left - 1, steps_left, rounding_mode="floor")
-    if threshold != float("inf"):
-        k = torch.maximum(k, ((score > threshold) & masked).sum(1))
-    score = score.masked_fill(~masked, float("-inf"))
-    order = torch.sort(score, dim=1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(
-        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
-    )
-    sel = (rank < k[:, None]) & masked  # [L, N]
-
     hole = ids.gather(1, canvas.hole_pos)
-    hole = torch.where(sel, tok, hole)
-    logp = torch.where(sel, tok_logp, logp)
-    masked = masked & ~sel
+    if select_impl is not None and temperature == 0:
+        from diffill.kernels.select_unmask import select_unmask
+
+        L, N = masked.shape
+        new_masked = masked.clone()
+        res = select_unmask(  # the logits in the model's dtype, read once
+            model.head(h), hole, torch.arange(N, device=hole.device).expand(L, N), new_masked, k,
+            None if threshold == float("inf") else threshold, strategy.value, ban=mask_id,
+            impl=select_impl,
+        )
+        sel = res.selected
+        logp = torch.where(sel, res.logp, logp)
+        masked = new_masked
+    else:
+        logits = model.head(h).float()  # [L, N, V]
+        logits[..., mask_id] = float("-inf")
+        tok, score, tok_logp = token_scores(logits, strategy, temperature, noise)
+        if threshold != float("inf"):
+            k = torch.maximum(k, ((score > threshold) & masked).sum(1))
+        score = score.masked_fill(~masked, float("-inf"))
+        order = torch.sort(score, dim=1, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(
+            1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+        )
+        sel = (rank < k[:, None]) & masked  # [L, N]
+        hole = torch.where(sel, tok, hole)
+        logp = torch.where(sel, tok_logp, logp)
+        masked = masked & ~sel
     if absorb_pad:
         is_term = torch.zeros_like(masked)
         for t in terminators:
@@ -430,11 +446,13 @@ def infill(
     cancel: Callable[[], bool] | None = None,
     *,
     dedup: bool = True,
+    select_impl: str | None = None,
 ) -> list[Infill]:
     """Fill the hole between prefix and suffix; best candidate first (see module doc).
 
     All candidate lengths run in one batch, one forward per step. Raises
     :class:`InfillCancelled` if ``cancel()`` returns True before a step.
+    ``select_impl``: see :func:`denoise_step` (None: the plain torch step).
     """
     sp = SpecialIds.from_config(cfg)
     lengths = candidate_lengths(sc.lengths)
@@ -477,6 +495,7 @@ def infill(
             temperature=sc.temperature,
             absorb_pad=sc.absorb_pad,
             noise=noise,
+            select_impl=select_impl,
         )
         # the one host synchronisation of the loop (threshold mode only)
         if sc.threshold is not None and not bool(state.masked.any()):

@@ -217,3 +217,51 @@ def test_triton_kernels_under_interpreter_subprocess():
     assert proc.returncode == 0, out[-4000:]
     passed = re.search(r"(\d+) passed", out)
     assert passed and int(passed.group(1)) >= 14, out[-2000:]
+
+
+# -- inside the sampler's step ----------------------------------------------------------------
+
+SAMPLER_SETTINGS = [
+    dict(steps=4, lengths=(6,)),
+    dict(steps=6, lengths=(3, 8, 5), strategy="margin"),
+    dict(steps=5, lengths=(4, 9), threshold=0.3, strategy="entropy"),
+    dict(steps=3, lengths=(7, 7, 12), threshold=0.5, absorb_pad=False),
+]
+
+
+def _sampler_model(shift: bool):
+    from diffill.model.config import ModelConfig
+    from diffill.model.transformer import Transformer
+
+    cfg = ModelConfig(family="diffill", vocab_size=67, hidden_size=32, intermediate_size=64,
+                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
+                      tie_embeddings=True, mask_token_id=3, pad_token_id=2, eos_token_id=1,
+                      bos_token_id=0, shift_logits=shift, max_position_embeddings=128)
+    m = Transformer(cfg)
+    m.init_weights(seed=7, std=0.3)
+    return m.eval().to(DEVICE), cfg
+
+
+def _compare_sampler(impl: str, settings: list[dict] = SAMPLER_SETTINGS) -> None:
+    from diffill.model.sampler import SamplerConfig, infill
+
+    g = torch.Generator().manual_seed(8)
+    for shift in (False, True):
+        model, cfg = _sampler_model(shift)
+        for kw in settings:
+            pre = torch.randint(4, 67, (9,), generator=g).tolist()
+            suf = torch.randint(4, 67, (4,), generator=g).tolist()
+            sc = SamplerConfig(**kw)
+            got = infill(model, cfg, pre, suf, sc, select_impl=impl)
+            want = infill(model, cfg, pre, suf, sc)
+            assert [(r.ids, r.length, r.steps) for r in got] == [(r.ids, r.length, r.steps) for r in want]
+            assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-5)
+
+
+def test_fused_select_reference_in_sampler_matches_plain_step():
+    _compare_sampler("torch")
+
+
+@needs_kernel
+def test_triton_select_in_sampler_matches_plain_step():
+    _compare_sampler("triton", SAMPLER_SETTINGS[1:3])  # the interpreter is slow
