@@ -143,6 +143,10 @@ class TypeaheadCache:
         return (typed, hits) if hits else None
 
 
+COUNTERS = ("requests", "cache_hits", "model_requests", "superseded", "cancelled", "errors",
+            "not_ready", "disabled")
+
+
 @dataclass
 class LatencyStats:
     """Recent latencies (ms) and counters."""
@@ -150,7 +154,7 @@ class LatencyStats:
     history: int = 200
     model_ms: deque[float] = field(default_factory=deque)
     total_ms: deque[float] = field(default_factory=deque)
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
 
     def count(self, name: str, k: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + k

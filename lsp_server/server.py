@@ -443,20 +443,25 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
 
 
 class RedactBuffers(logging.Filter):
-    """Drop pygls log records that could carry buffer text (didOpen/didChange params,
-    raw JSON messages), keep a short note instead."""
+    """pygls log records keep only scalar arguments and short strings; anything else
+    (message objects, didOpen/didChange params, raw JSON) becomes ``<Type redacted>``,
+    so buffer contents never reach the log."""
 
-    SENSITIVE = (types.DidOpenTextDocumentParams, types.DidChangeTextDocumentParams)
+    MAX_STR = 200
+
+    def _safe(self, a: Any) -> Any:
+        if a is None or isinstance(a, (bool, int, float)):
+            return a
+        if isinstance(a, str) and len(a) <= self.MAX_STR and '"text"' not in a:
+            return a
+        return f"<{type(a).__name__} redacted>"
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith("pygls"):
-            return True
-        args = record.args if isinstance(record.args, tuple) else (record.args,)
-        if any(isinstance(a, self.SENSITIVE) for a in args) or any(
-            isinstance(a, (str, bytes)) and ('"text"' in str(a) or len(a) > 2000) for a in args
-        ):
-            record.msg = "pygls message redacted (may hold buffer contents; see --debug-log-buffers)"
-            record.args = None
+        if record.name.startswith("pygls") and record.args:
+            if isinstance(record.args, dict):
+                record.args = {k: self._safe(v) for k, v in record.args.items()}
+            else:
+                record.args = tuple(self._safe(a) for a in record.args)
         return True
 
 

@@ -58,10 +58,10 @@ def model_dir(request: pytest.FixtureRequest) -> Path:
 # ----------------------------------------------------------------------------- helpers
 
 
-async def start(model: Path | str, spec: str, init: dict | None, env: dict[str, str] | None = None
-                ) -> LanguageClient:
+async def start(model: Path | str, spec: str, init: dict | None, env: dict[str, str] | None = None,
+                args: tuple[str, ...] = ()) -> LanguageClient:
     cfg = ClientServerConfig(
-        server_command=[*SERVER, "--model", str(model)],
+        server_command=[*SERVER, "--model", str(model), *args],
         server_env={**os.environ, **(env or {})},
     )
     client = await cfg.start()
@@ -143,13 +143,17 @@ async def client(request: pytest.FixtureRequest, model_dir: Path):
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def slow(model_dir: Path):
-    c = await start(model_dir, "visual-studio-code", SLOW, {"DIFFILL_DEBUG_STEP_DELAY_MS": str(STEP_DELAY_MS)})
+async def slow(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("slowlog") / "server.log"
+    c = await start(model_dir, "visual-studio-code", SLOW, {"DIFFILL_DEBUG_STEP_DELAY_MS": str(STEP_DELAY_MS)},
+                    args=("--log-file", str(log)))
+    c.log_file = log
     st = await wait_loaded(c)
     assert st.loaded, st.error
     yield c
     await c.shutdown_session()
     await c.stop()
+    assert c._server.returncode == 0  # shutdown + exit -> 0
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -356,6 +360,15 @@ async def test_status_fields(slow: LanguageClient):
                 "model_p50_ms", "model_p95_ms", "model_calls", "cache_hits"):
         assert hasattr(st, key), key
     assert st.p50_ms is not None and st.p95_ms >= st.p50_ms
+
+
+async def test_log_never_holds_buffer_contents(slow: LanguageClient):
+    uri = open_doc(slow, "SECRET_MARKER = 1\n" + GREET)
+    await completion(slow, uri, types.Position(line=1, character=0))
+    await status(slow)
+    log = slow.log_file.read_text()
+    assert "complete " in log  # the server does log requests...
+    assert "SECRET_MARKER" not in log and 'message = "hello "' not in log  # ...never buffers
 
 
 async def test_load_failure_shows_message_and_answers_empty(broken: LanguageClient):
