@@ -13,6 +13,7 @@ line after a final newline.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -83,13 +84,8 @@ class LineIndex:
 
     def __init__(self, source: str, lines: Sequence[str] | None = None) -> None:
         self.source = source
-        self.lines = tuple(source.splitlines(True)) if lines is None else tuple(lines)
-        starts = [0]
-        total = 0
-        for ln in self.lines:
-            total += len(ln)
-            starts.append(total)
-        self.starts = starts
+        self.lines = source.splitlines(True) if lines is None else list(lines)
+        self.starts = [0, *itertools.accumulate(map(len, self.lines))]
 
     def line_text(self, row: int) -> str:
         if row == len(self.lines):

@@ -16,6 +16,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "Run the diffill language server. Model options given here are defaults; the "
             "client's initializationOptions / workspace settings (under \"diffill\") override them."
         ),
+        epilog=(
+            "Test hook: the environment variable DIFFILL_DEBUG_STEP_DELAY_MS=N makes the local "
+            "backend sleep N ms at every per-step cancel check, so tests get deterministic "
+            "slowness for cancellation; never set it in normal use."
+        ),
     )
     p.add_argument("--model", default=None, metavar="DIR",
                    help="checkpoint folder (default: the shipped default model)")
