@@ -572,12 +572,14 @@ function M.setup(opts)
   api.nvim_set_hl(0, 'DiffillGhost', { link = 'Comment', default = true })
   api.nvim_set_hl(0, 'DiffillGhostHint', { link = 'NonText', default = true })
 
+  -- An empty Lua table would go out as a JSON array.
+  local settings = next(M.config.settings or {}) and M.config.settings or vim.empty_dict()
   vim.lsp.config(NAME, {
     cmd = M.config.cmd,
     filetypes = M.config.filetypes,
     root_markers = M.config.root_markers,
-    init_options = { [NAME] = M.config.settings },
-    settings = { [NAME] = M.config.settings },
+    init_options = { [NAME] = settings },
+    settings = { [NAME] = settings },
   })
   local group = api.nvim_create_augroup('diffill', { clear = true })
   api.nvim_create_autocmd('LspAttach', {
