@@ -102,6 +102,19 @@ class DualCache:
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.calls = 0
         self.refreshes = 0
+        self.shift = shift
+        #: True / False forces the next calls to refresh / to run the block (CUDA-graph
+        #: capture records each kind once); None follows the schedule
+        self.force_refresh: bool | None = None
+
+    def rebind(self, canvas: Canvas) -> None:
+        """Point the cache at another canvas of the same shape, in place (so tensors
+        captured in a CUDA graph stay valid). The context kv is stale until the next refresh."""
+        block_pos, block_attn = active_block(canvas, self.shift)
+        self.block_pos.copy_(block_pos)
+        self.block_attn.copy_(block_attn)
+        self.ctx_pos.copy_(context_positions(canvas.ids.shape[1], block_pos))
+        self.ctx_mask.copy_(canvas.attn.gather(1, self.ctx_pos))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.head(hidden)
@@ -118,6 +131,8 @@ class DualCache:
                        **_: Any) -> tuple[torch.Tensor, None]:
         """ids [L, T], attn [L, T] -> hidden [L, T, D] (only block rows filled on cached calls)."""
         refresh = self.kv is None or self.calls % self.refresh_every == 0
+        if self.force_refresh is not None:
+            refresh = self.force_refresh
         self.calls += 1
         if refresh:
             self.refreshes += 1

@@ -1,12 +1,34 @@
-"""The resident inference engine (v0).
+"""The resident inference engine.
 
 One :class:`Engine` holds a loaded model for the lifetime of the process and
-serves infill requests from any thread; a lock serialises them (one forward at a
-time on the device). v0 runs each request on its own through
-:func:`diffill.model.sampler.infill`; the structure leaves room for what comes
-next -- shape buckets, a step budget measured at start-up, batching several
-requests, prefix/suffix KV reuse, CUDA graphs -- behind the ``_run`` seam,
-which receives a list of requests and returns one result list per request.
+serves infill requests from any thread. Only one batch runs on the device at a
+time; what makes it fast is chosen by :class:`EngineOptions`:
+
+* **Batching across requests** (``batch``, on by default). Requests that
+  arrive while a batch runs (several documents, several clients) queue up; the
+  next thread to get the device takes every queued request that can share a
+  batch (same steps, threshold, strategy, temperature, pad absorption) up to
+  ``max_batch_rows`` canvas rows, optionally after waiting ``batch_window_ms``
+  for company, and runs them as ONE forward per step. Every request keeps its
+  own cancel callback, checked between steps; a cancelled request's rows are
+  dropped from the batch (kept but frozen under CUDA graphs, whose shapes are
+  fixed) and the others go on. A lone request pays no waiting.
+* **Dual KV cache** (``refresh_every`` > 1): prefix/suffix keys and values are
+  reused across steps and refreshed every ``refresh_every`` steps
+  (:mod:`diffill.model.cache`).
+* **Fused select-and-unmask** (``select_impl``): the Triton kernel on CUDA
+  (:mod:`diffill.kernels.select_unmask`); ``None`` keeps the sampler's torch step.
+* **Shape buckets** (``buckets``) and **CUDA graphs** (``cuda_graphs``, CUDA
+  only, greedy requests): canvases are padded up to bucket sizes
+  (:mod:`diffill.model.plan`) so shapes repeat, and each bucket's step is
+  captured once as a CUDA graph and replayed, with no host synchronisation
+  inside the step loop (threshold mode reads one flag per step to stop early).
+* **Step budget** (:meth:`Engine.measure_plan` or ``plan=``): a request that
+  names no ``steps`` gets the steps (and threshold) that the plan chose for its
+  shape bucket to fit ``latency_budget_ms``.
+
+With the defaults (batching on, everything else off) a request's result is
+the same as :func:`diffill.model.sampler.infill` on its own.
 
 Candidate hole lengths. When the caller gives none, ``max_tokens`` is turned
 into ``(max_tokens // 4, max_tokens // 2, max_tokens)`` (values < 1 dropped,
@@ -23,26 +45,39 @@ Context trimming is the caller's job: the engine truncates nothing and raises
 from __future__ import annotations
 
 import dataclasses
+import math
+import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .cache import DualCache
+from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, pad_canvas
 from .sampler import (
+    Canvas,
+    DenoiseState,
     Infill,
     InfillCancelled,
     SamplerConfig,
+    SpecialIds,
+    _rank,
+    _seed_for,
+    _trim,
+    build_canvas,
     candidate_lengths,
     canvas_length,
-    infill,
+    denoise_step,
 )
 
 if TYPE_CHECKING:  # the loader imports torch-heavy modules; only the type is needed here
     from .loader import LoadedModel
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def default_lengths(max_tokens: int) -> tuple[int, ...]:
@@ -54,9 +89,33 @@ def default_lengths(max_tokens: int) -> tuple[int, ...]:
     )
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """Speed features (see module doc). The defaults are exact and safe everywhere."""
+
+    batch: bool = True  # group concurrent requests into one forward per step
+    batch_window_ms: float = 0.0  # extra wait for company before a batch starts
+    max_batch_rows: int = 32  # canvas rows per batch (candidate lengths x requests)
+    refresh_every: int = 1  # dual KV cache refresh period; 1 = no cache
+    select_impl: str | None = None  # None: sampler torch step; 'auto' | 'triton' | 'torch': fused
+    buckets: bool = False  # pad canvases to shape buckets (implied by cuda_graphs)
+    cuda_graphs: bool = False  # capture and replay each bucket's step (CUDA, greedy only)
+
+    def __post_init__(self) -> None:
+        if self.refresh_every < 1:
+            raise ValueError(f"EngineOptions.refresh_every must be >= 1, got {self.refresh_every}")
+        if self.max_batch_rows < 1:
+            raise ValueError(f"EngineOptions.max_batch_rows must be >= 1, got {self.max_batch_rows}")
+        if self.batch_window_ms < 0:
+            raise ValueError("EngineOptions.batch_window_ms must be >= 0")
+        if self.select_impl not in (None, "auto", "triton", "torch"):
+            raise ValueError(f"EngineOptions.select_impl must be None, 'auto', 'triton' or 'torch', "
+                             f"got {self.select_impl!r}")
+
+
 @dataclass
 class InfillRequest:
-    """One request as the engine sees it (the unit a batching engine will group)."""
+    """One request as the engine sees it (the unit a batch groups)."""
 
     prefix_ids: list[int]
     suffix_ids: list[int]
@@ -64,21 +123,47 @@ class InfillRequest:
     cancel: Callable[[], bool] | None = None
 
 
+@dataclass
+class _Slot:
+    req: InfillRequest
+    done: threading.Event = field(default_factory=threading.Event)
+    result: list[Infill] | None = None
+    error: BaseException | None = None
+
+
+def _group_key(sc: SamplerConfig) -> tuple[Any, ...]:
+    return (sc.steps, sc.threshold, sc.strategy, sc.temperature, sc.absorb_pad)
+
+
 class Engine:
     """Resident, thread-safe infill engine over a :class:`LoadedModel`."""
 
     def __init__(
-        self, lm: LoadedModel, sampler: SamplerConfig | None = None, *, history: int = 64
+        self,
+        lm: LoadedModel,
+        sampler: SamplerConfig | None = None,
+        *,
+        history: int = 64,
+        options: EngineOptions | None = None,
+        plan: StepPlan | None = None,
     ) -> None:
         self.lm = lm
         self.sampler = sampler if sampler is not None else SamplerConfig()
-        self._lock = threading.Lock()
+        self.options = options if options is not None else EngineOptions()
+        self.plan = plan
+        self._lock = threading.Lock()  # held while a batch runs on the device
+        self._qlock = threading.Lock()
+        self._queue: deque[_Slot] = deque()
         self._stats_lock = threading.Lock()
         self._latencies: deque[float] = deque(maxlen=history)
         self._requests = 0
         self._completed = 0
         self._cancelled = 0
         self._failed = 0
+        self._batches = 0
+        self._max_batch = 0
+        self._graphs: dict[tuple[Any, ...], _StepGraphs] = {}
+        self._graph_pool: Any = None
         model = self.model
         if hasattr(model, "eval"):
             model.eval()
@@ -114,6 +199,18 @@ class Engine:
             return p.dtype
         return torch.float32
 
+    # -- step budget ---------------------------------------------------------------------
+    def measure_plan(self, budget_ms: float = 25.0, **kw: Any) -> StepPlan:
+        """Measure the step cost of every shape bucket and keep the resulting plan
+        (see :func:`diffill.model.plan.measure_plan`); requests without ``steps`` use it."""
+        from .plan import measure_plan
+
+        with self._lock:
+            kw.setdefault("refresh_every", self.options.refresh_every)
+            self.plan = measure_plan(self.model, self.config, budget_ms=budget_ms,
+                                     model_name=str(getattr(self.lm, "path", "")), **kw)
+        return self.plan
+
     # -- requests ------------------------------------------------------------------------
     def make_request(
         self,
@@ -131,10 +228,6 @@ class Engine:
             if lengths is not None
             else default_lengths(max_tokens)
         )
-        changes: dict[str, Any] = {"lengths": lens}
-        if steps is not None:
-            changes["steps"] = int(steps)
-        sc = dataclasses.replace(self.sampler, **changes)
         cfg = self.config
         total = canvas_length(cfg, len(prefix_ids), len(suffix_ids), max(lens))
         if total > cfg.max_position_embeddings:
@@ -143,6 +236,15 @@ class Engine:
                 f"{len(suffix_ids)}) exceeds max_position_embeddings={cfg.max_position_embeddings}; "
                 "trim the context"
             )
+        changes: dict[str, Any] = {"lengths": lens}
+        if steps is not None:
+            changes["steps"] = int(steps)
+        elif self.plan is not None:
+            planned, threshold = self.plan.steps_for(total - max(lens), max(lens))
+            changes["steps"] = planned
+            if self.sampler.threshold is None:
+                changes["threshold"] = threshold
+        sc = dataclasses.replace(self.sampler, **changes)
         return InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel)
 
     def infill(
@@ -158,7 +260,8 @@ class Engine:
         """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
 
         ``lengths`` (candidate hole lengths) overrides the ones derived from
-        ``max_tokens``; ``steps`` overrides the engine's default step count.
+        ``max_tokens``; ``steps`` overrides the engine's default step count (and the
+        step plan's choice).
 
         Raises ValueError (bad request, canvas too long) or
         :class:`~diffill.model.sampler.InfillCancelled`.
@@ -179,12 +282,29 @@ class Engine:
         outcome = "failed"
         t0 = time.perf_counter()
         try:
-            with self._lock:
-                if req.cancel is not None and req.cancel():
-                    raise InfillCancelled("infill cancelled before it started")
-                result = self._run([req])[0]
+            if req.cancel is not None and req.cancel():
+                raise InfillCancelled("infill cancelled before it started")
+            slot = _Slot(req)
+            if not self.options.batch:
+                with self._lock:
+                    self._run_slots([slot])
+            else:
+                with self._qlock:
+                    self._queue.append(slot)
+                while not slot.done.is_set():
+                    with self._lock:
+                        if slot.done.is_set():
+                            break
+                        if self.options.batch_window_ms > 0:
+                            time.sleep(self.options.batch_window_ms / 1e3)
+                        group = self._take_group()
+                        if group:
+                            self._run_slots(group)
+            if slot.error is not None:
+                raise slot.error
+            assert slot.result is not None
             outcome = "completed"
-            return result
+            return slot.result
         except InfillCancelled:
             outcome = "cancelled"
             raise
@@ -199,16 +319,178 @@ class Engine:
                 else:
                     self._failed += 1
 
-    def _run(self, batch: list[InfillRequest]) -> list[list[Infill]]:
-        """Run requests (called with the lock held). v0: one sampler call each."""
-        return [
-            infill(self.model, self.config, r.prefix_ids, r.suffix_ids, r.sampler, r.cancel)
-            for r in batch
-        ]
+    def _take_group(self) -> list[_Slot]:
+        """The queue's head plus every queued request that can share its batch (FIFO)."""
+        with self._qlock:
+            if not self._queue:
+                return []
+            head = self._queue[0]
+            key = _group_key(head.req.sampler)
+            group, rest, rows = [], deque(), 0
+            for s in self._queue:
+                n = len(s.req.sampler.lengths)
+                if _group_key(s.req.sampler) == key and (not group or rows + n <= self.options.max_batch_rows):
+                    group.append(s)
+                    rows += n
+                else:
+                    rest.append(s)
+            self._queue = rest
+            return group
+
+    def _run_slots(self, group: list[_Slot]) -> None:
+        """Run one batch (device lock held) and hand each slot its outcome."""
+        try:
+            results = self._run([s.req for s in group])
+            for s, r in zip(group, results, strict=True):
+                if isinstance(r, BaseException):
+                    s.error = r
+                else:
+                    s.result = r
+        except BaseException as e:  # noqa: BLE001 - every waiting request must get an answer
+            for s in group:
+                s.error = e
+        finally:
+            with self._stats_lock:
+                self._batches += 1
+                self._max_batch = max(self._max_batch, len(group))
+            for s in group:
+                s.done.set()
+
+    # -- the batched denoising loop -----------------------------------------------------------
+    def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
+        """Run requests that share a group key as one batch (called with the lock held).
+        Returns, per request, its candidates or the exception (InfillCancelled) it ended with."""
+        cfg, dev, opts = self.config, self.device, self.options
+        sp = SpecialIds.from_config(cfg)
+        sc = batch[0].sampler
+        # canvases: one row per (request, candidate length), all padded to one shape
+        per_req = []
+        for r in batch:
+            lens = candidate_lengths(r.sampler.lengths)
+            per_req.append((lens, build_canvas(cfg, r.prefix_ids, r.suffix_ids, lens, dev)))
+        n_real = max(cv.hole_pos.shape[1] for _, cv in per_req)
+        use_graphs = (opts.cuda_graphs and dev.type == "cuda" and sc.temperature == 0)
+        cv, owner = self._merge([c for _, c in per_req], sp.pad, opts.buckets or use_graphs)
+        L, N = cv.valid.shape
+        state = DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), device=dev),
+                             torch.zeros((L,), dtype=torch.long, device=dev))
+        gens: list[torch.Generator | None] = [None] * L
+        row_n = [n for lens, _ in per_req for n in lens] + [0] * owner.count(-1)  # per row
+        if sc.temperature > 0:
+            r0 = 0
+            for (lens, _), req in zip(per_req, batch, strict=True):
+                seed = req.sampler.seed if req.sampler.seed is not None else secrets.randbits(62)
+                for n in lens:
+                    gens[r0] = torch.Generator(device=dev).manual_seed(_seed_for(seed, n))
+                    r0 += 1
+        kw = dict(mask_id=sp.mask, pad_id=sp.pad, terminators=sp.terminators,
+                  shift=cfg.shift_logits, strategy=sc.strategy,
+                  threshold=math.inf if sc.threshold is None else float(sc.threshold),
+                  temperature=sc.temperature, absorb_pad=sc.absorb_pad,
+                  select_impl=opts.select_impl)
+        graphs = self._graphs_for(cv, kw) if use_graphs else None
+        fwd: Any = self.model
+        if graphs is None and opts.refresh_every > 1:
+            fwd = DualCache(self.model, cv, shift=cfg.shift_logits, refresh_every=opts.refresh_every)
+        if graphs is not None:
+            graphs.load(cv, state, sc.steps)
+        out: list[list[Infill] | BaseException | None] = [None] * len(batch)
+        active = list(range(len(batch)))
+        n_loop = sc.steps if sc.threshold is not None else min(sc.steps, n_real)
+        noise = None
+        if sc.temperature > 0:
+            noise = torch.zeros((L, N, cfg.vocab_size), device=dev)
+        for s in range(n_loop):
+            gone = [i for i in active if batch[i].cancel is not None and batch[i].cancel()]
+            if gone:
+                for i in gone:
+                    out[i] = InfillCancelled(f"infill cancelled before step {s + 1}")
+                active = [i for i in active if i not in gone]
+                if not active:
+                    break
+                if graphs is not None:
+                    graphs.freeze_rows([r for r, o in enumerate(owner) if o in gone])
+                else:
+                    keep = [r for r, o in enumerate(owner) if o in active]
+                    idx = torch.tensor(keep, device=dev)
+                    cv = Canvas(*(t[idx] for t in cv))
+                    state = DenoiseState(*(t[idx] for t in state))
+                    owner = [owner[r] for r in keep]
+                    gens = [gens[r] for r in keep]
+                    row_n = [row_n[r] for r in keep]
+                    if noise is not None:
+                        noise = noise[idx]
+                    if isinstance(fwd, DualCache):
+                        fwd.select_rows(idx)
+            if graphs is not None:
+                graphs.step(s)
+                still = graphs.state.masked
+            else:
+                if noise is not None:
+                    for r, g in enumerate(gens):
+                        if g is not None:
+                            noise[r, : row_n[r]] = torch.rand((row_n[r], cfg.vocab_size), generator=g,
+                                                              device=dev)
+                state = denoise_step(fwd, cv, state, sc.steps - s, noise=noise, **kw)
+                still = state.masked
+            # the one host synchronisation of the loop (threshold mode only)
+            if sc.threshold is not None and not bool(still.any()):
+                break
+        if graphs is not None:
+            state = graphs.state
+        # results: one host transfer for the whole batch
+        hole = state.ids.gather(1, cv.hole_pos).tolist()
+        logp = state.logp.tolist()
+        steps = state.steps.tolist()
+        rows_of: dict[int, list[int]] = {}
+        for r, o in enumerate(owner):
+            if o >= 0:
+                rows_of.setdefault(o, []).append(r)
+        for i in active:
+            lens = per_req[i][0]
+            cands = []
+            for n, r in zip(lens, rows_of[i], strict=True):
+                mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
+                cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
+            out[i] = _rank(cands, list(range(len(lens))), True)
+        return out  # type: ignore[return-value]
+
+    def _merge(self, cvs: list[Canvas], pad_id: int, buckets: bool) -> tuple[Canvas, list[int]]:
+        """Pad every request's canvas to one shape and stack the rows.
+        Returns the canvas and each row's request index (-1 for bucket filler rows)."""
+        N = max(c.hole_pos.shape[1] for c in cvs)
+        T = max(c.ids.shape[1] + N - c.hole_pos.shape[1] for c in cvs)
+        L = sum(c.ids.shape[0] for c in cvs)
+        if buckets:
+            Nb = bucket(N, HOLE_BUCKETS)
+            T = bucket(T - N, CTX_BUCKETS) + Nb
+            N = Nb
+        parts = [pad_canvas(c, pad_id, T, N) for c in cvs]
+        owner = [i for i, c in enumerate(cvs) for _ in range(c.ids.shape[0])]
+        cv = Canvas(*(torch.cat(ts, 0) for ts in zip(*parts, strict=True)))
+        if buckets:
+            Lb = bucket(L, ROW_BUCKETS)
+            if Lb > L:
+                cv = pad_canvas(cv, pad_id, T, N, Lb)
+                owner += [-1] * (Lb - L)
+        return cv, owner
+
+    def _graphs_for(self, cv: Canvas, kw: dict[str, Any]) -> _StepGraphs:
+        L, T = cv.ids.shape
+        N = cv.hole_pos.shape[1]
+        key = (L, T, N, self.options.refresh_every, tuple(sorted((k, str(v)) for k, v in kw.items())))
+        g = self._graphs.get(key)
+        if g is None:
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            g = _StepGraphs(self.model, self.config, cv, kw, self.options.refresh_every,
+                            self._graph_pool)
+            self._graphs[key] = g
+        return g
 
     # -- stats ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Request counts and latencies (seconds) of recent completed requests."""
+        """Request counts, batches and latencies (seconds) of recent completed requests."""
         with self._stats_lock:
             lat = list(self._latencies)
             return {
@@ -216,7 +498,83 @@ class Engine:
                 "completed": self._completed,
                 "cancelled": self._cancelled,
                 "failed": self._failed,
+                "batches": self._batches,
+                "max_batch_requests": self._max_batch,
+                "cuda_graphs": len(self._graphs),
                 "last_latency_s": lat[-1] if lat else None,
                 "recent_latencies_s": lat,
                 "mean_latency_s": sum(lat) / len(lat) if lat else None,
             }
+
+
+class _StepGraphs:
+    """CUDA graphs of one denoising step for one padded shape [L, T] with N slots.
+
+    Static buffers hold the canvas and the loop state; each graph runs a step and
+    writes the new state back into them (and decrements ``steps_left``), so a
+    replay needs no host work. With the dual cache there are two graphs: the
+    refresh step (full forward; its context keys/values stay in graph memory) and
+    the cached step reading them. Shapes never change, so a cancelled request's
+    rows are frozen (nothing left masked) instead of dropped.
+    """
+
+    def __init__(self, model: Any, cfg: Any, cv: Canvas, kw: dict[str, Any], refresh_every: int,
+                 pool: Any) -> None:
+        L, N = cv.valid.shape
+        dev = cv.ids.device
+        self.model, self.kw, self.pool = model, kw, pool
+        self.refresh_every = refresh_every
+        self.cv = Canvas(*(t.clone() for t in cv))
+        self.state = DenoiseState(cv.ids.clone(), cv.valid.clone(), torch.zeros((L, N), device=dev),
+                                  torch.zeros((L,), dtype=torch.long, device=dev))
+        self.steps_left = torch.ones((L,), dtype=torch.long, device=dev)
+        self.cache = (DualCache(model, self.cv, shift=cfg.shift_logits, refresh_every=1 << 30)
+                      if refresh_every > 1 else None)
+        self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+
+    def load(self, cv: Canvas, state: DenoiseState, steps: int) -> None:
+        for dst, src in zip(self.cv, cv, strict=True):
+            dst.copy_(src)
+        for dst, src in zip(self.state, state, strict=True):
+            dst.copy_(src)
+        self.steps_left.fill_(steps)
+        if self.cache is not None:
+            self.cache.rebind(self.cv)
+
+    def freeze_rows(self, rows: list[int]) -> None:
+        if rows:
+            self.state.masked[torch.tensor(rows, device=self.state.masked.device)] = False
+
+    def _body(self, refresh: bool) -> None:
+        fwd: Any = self.model
+        if self.cache is not None:
+            self.cache.force_refresh = refresh
+            fwd = self.cache
+        new = denoise_step(fwd, self.cv, self.state, self.steps_left, **self.kw)
+        for dst, src in zip(self.state, new, strict=True):
+            dst.copy_(src)
+        self.steps_left.sub_(1)
+
+    def _capture(self) -> None:
+        kinds = [True] if self.cache is None else [True, False]
+        saved = [t.clone() for t in self.state] + [self.steps_left.clone()]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: allocator, cuBLAS and Triton state
+            for refresh in kinds:
+                for _ in range(2):
+                    self._body(refresh)
+        torch.cuda.current_stream().wait_stream(side)
+        for refresh in kinds:  # the refresh graph first: its kv outputs feed the cached one
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                self._body(refresh)
+            self.graphs[refresh] = g
+        for dst, src in zip([*self.state, self.steps_left], saved, strict=True):
+            dst.copy_(src)
+
+    def step(self, s: int) -> None:
+        if not self.graphs:
+            self._capture()
+        refresh = self.cache is None or s % self.refresh_every == 0
+        self.graphs[refresh].replay()

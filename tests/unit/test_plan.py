@@ -132,7 +132,7 @@ def test_padded_canvas_gives_the_same_steps():
 
 def test_measure_plan_on_a_tiny_model():
     model, cfg = _tiny()
-    plan = measure_plan(model, cfg, budget_ms=1000.0, ctx_buckets=(32, 64, 512), hole_buckets=(8,),
+    plan = measure_plan(model, cfg, budget_ms=1e9, ctx_buckets=(32, 64, 512), hole_buckets=(8,),
                         rows=2, refresh_every=2, repeats=1, max_steps=4)
     assert [(t.ctx, t.hole) for t in plan.timings] == [(32, 8), (64, 8)]  # 512 exceeds 300 positions
     assert all(t.full_ms > 0 and t.block_ms > 0 and t.rows == 2 for t in plan.timings)
