@@ -183,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
     for g in others:
         he_out[g.name] = generate(g, tasks, desc=g.name, progress=progress)
     for name, outs in he_out.items():
+        errs = [o.error for o in outs if o.error]
+        if errs:
+            notes.append(f"{name}: {len(errs)} completion(s) raised and count as empty; first: {errs[0]}")
+    for name, outs in he_out.items():
         if name == "model" and samples is not None:
             continue
         p = out / f"samples_{name}.jsonl"
@@ -242,6 +246,10 @@ def run(args: argparse.Namespace) -> int:
                 part: dict[str, Any] = {"tasks": len(ts), "systems": {}}
                 for g in gens:
                     outs = generate(g, ts, desc=f"held-out {kind} {g.name}", progress=progress)
+                    errs = [o.error for o in outs if o.error]
+                    if errs:
+                        notes.append(f"held-out {kind} {g.name}: {len(errs)} completion(s) raised; "
+                                     f"first: {errs[0]}")
                     part["systems"][g.name] = text_metrics(ts, outs)
                     write_jsonl(out / f"details_heldout_{kind}_{g.name}.jsonl", per_task_rows(ts, outs, None))
                 section[kind] = part
