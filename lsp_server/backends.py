@@ -132,9 +132,11 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, engine: Any, *, max_steps: int = 16, step_delay_s: float | None = None) -> None:
+    def __init__(self, engine: Any, *, max_steps: int = 16, step_delay_s: float | None = None,
+                 latency_budget_ms: float | None = None) -> None:
         self.engine = engine
         self.max_steps = max_steps
+        self.latency_budget_ms = latency_budget_ms
         self.timer = StepTimer()
         self.step_delay_s = debug_step_delay_s() if step_delay_s is None else step_delay_s
         self.model_calls = 0
@@ -162,9 +164,12 @@ class LocalBackend:
         from diffill.model.sampler import InfillCancelled
 
         if steps is None and latency_budget_ms is not None:
-            steps = self.timer.steps_for(
-                latency_budget_ms, self.max_steps, self.engine.sampler.steps
-            )
+            if getattr(self.engine, "plan", None) is not None:
+                self._replan(latency_budget_ms)  # the engine's step plan picks steps per shape
+            else:
+                steps = self.timer.steps_for(
+                    latency_budget_ms, self.max_steps, self.engine.sampler.steps
+                )
         check = self._wrap_cancel(cancel)
         self.model_calls += 1
         t0 = time.perf_counter()
@@ -201,6 +206,7 @@ class LocalBackend:
             "device": str(self.engine.device),
             "dtype": str(self.engine.dtype).replace("torch.", ""),
             "ms_per_step": self.timer.ms_per_step,
+            "step_plan": getattr(self.engine, "plan", None) is not None,
             "model_calls": self.model_calls,
             "engine_completed": es.get("completed"),
             "engine_cancelled": es.get("cancelled"),
@@ -218,18 +224,42 @@ class LocalBackend:
 
         return check
 
+    def _replan(self, budget_ms: float) -> None:
+        """Re-derive the engine's step plan for a new budget from its measured timings."""
+        plan = self.engine.plan
+        if abs(plan.budget_ms - budget_ms) < 1e-9:
+            return
+        from diffill.model.plan import plan_from_timings
+
+        thresholds = [c.threshold for c in plan.choices if c.threshold is not None]
+        self.engine.plan = plan_from_timings(
+            plan.timings, budget_ms, refresh_every=plan.refresh_every, min_steps=plan.min_steps,
+            max_steps=plan.max_steps, threshold=thresholds[0] if thresholds else None,
+            device=plan.device, dtype=plan.dtype, model=plan.model, measured_at=plan.measured_at,
+        )
+
     def warmup(self) -> None:
-        """One tiny infill: first-call overheads paid, ms/step measured."""
+        """One tiny infill (first-call overheads paid, ms/step measured); on CUDA also the
+        engine's per-shape step plan for ``self.latency_budget_ms`` (CPU: the running
+        ms/step estimate is used instead, measuring every bucket would take too long)."""
+        latency_budget_ms = self.latency_budget_ms
         ids = self.encode_batch(["def f(x):\n    return ", "\n"])
         t0 = time.perf_counter()
         res = self.engine.infill(ids[0], ids[1], max_tokens=8, steps=2)
         ms = (time.perf_counter() - t0) * 1000.0
         if res and self.step_delay_s == 0:
             self.timer.observe(ms, max(r.steps for r in res))
+        dev = getattr(self.engine, "device", None)
+        if (latency_budget_ms is not None and getattr(dev, "type", "") == "cuda"
+                and hasattr(self.engine, "measure_plan")):
+            self.engine.measure_plan(budget_ms=latency_budget_ms, max_steps=self.max_steps)
 
 
-def load_local_backend(model_path: str | None, device: str = "cpu", *, max_steps: int = 16) -> LocalBackend:
-    """Load a checkpoint (None = the shipped default model) into a :class:`LocalBackend`."""
+def load_local_backend(
+    model_path: str | None, device: str = "cpu", *, max_steps: int = 16, options: Any = None, **_: Any
+) -> LocalBackend:
+    """Load a checkpoint (None = the shipped default model) into a :class:`LocalBackend`.
+    ``options`` (CompletionOptions) supplies the latency budget for the step plan."""
     from diffill.model import load_model
     from diffill.model.engine import Engine
 
@@ -238,8 +268,19 @@ def load_local_backend(model_path: str | None, device: str = "cpu", *, max_steps
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     lm = load_model(model_path, device=device)
-    return LocalBackend(Engine(lm), max_steps=max_steps)
+    budget = getattr(options, "latency_budget_ms", None)
+    return LocalBackend(Engine(lm), max_steps=max_steps, latency_budget_ms=budget)
 
 
-BACKENDS: dict[str, Callable[..., Backend]] = {"local": load_local_backend}
-"""Backend name (options ``backend``) -> factory(model_path, device, **kw)."""
+def load_openai_backend(model_path: str | None = None, device: str = "cpu", **kw: Any) -> Backend:
+    """``backend = "openai"``: see :mod:`diffill.lsp_server.remote`."""
+    from .remote import load_remote_backend
+
+    return load_remote_backend(model_path, device, **kw)
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {
+    "local": load_local_backend,
+    "openai": load_openai_backend,
+}
+"""Backend name (options ``backend``) -> factory(model_path, device, *, max_steps, options)."""

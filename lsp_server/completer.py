@@ -176,11 +176,14 @@ def options_from_kwargs(**opts: object) -> CompletionOptions:
 
 
 def make_completer(model_path: str | None = None, device: str = "cpu", **opts: object) -> Completer:
-    """A :class:`Completer` over a local model (``model_path`` None: the shipped default)."""
-    from .backends import load_local_backend
+    """A :class:`Completer` over a local model (``model_path`` None: the shipped default),
+    or over the backend named by ``backend=`` (e.g. ``"openai"`` with ``remote_url=``)."""
+    from .backends import BACKENDS
 
     options = options_from_kwargs(model_path=model_path, device=device, **opts)
-    backend = load_local_backend(options.model_path, options.device, max_steps=options.max_steps)
+    backend = BACKENDS[options.backend](
+        options.model_path, options.device, max_steps=options.max_steps, options=options
+    )
     return Completer(backend, options)
 
 

@@ -14,8 +14,9 @@ import msgspec
 from msgspec import Meta
 
 MultilinePolicy = Literal["auto", "always-single", "always-multi"]
-BackendName = Literal["local"]
-"""Backends known to this build. Another backend (e.g. ``"openai"``) extends this."""
+BackendName = Literal["local", "openai"]
+"""``local``: the model in this process; ``openai``: an OpenAI-compatible
+``/v1/completions`` endpoint (``diffill serve-http``, vLLM, SGLang; :mod:`.remote`)."""
 
 
 class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
@@ -47,6 +48,15 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     """Add a commented header with snippets of other open documents (inside the budget)."""
     extra_context_fraction: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.15
     """Share of the prefix budget that extra context may use."""
+    # -- backend "openai" (see lsp_server/remote.py) --
+    remote_url: Annotated[str, Meta(pattern=r"^https?://")] = "http://127.0.0.1:8000/v1"
+    """Base URL of the OpenAI-compatible endpoint (``.../v1``)."""
+    remote_model: str | None = None
+    """``model`` field sent to the endpoint (None: the server's default)."""
+    api_key_env: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "DIFFILL_API_KEY"
+    """Name of the environment variable holding the API key (the key itself is never a setting)."""
+    remote_timeout_ms: Annotated[float, Meta(gt=0, le=600_000)] = 10_000.0
+    remote_retries: Annotated[int, Meta(ge=0, le=10)] = 2
 
 
 WIRE_NAMES: dict[str, str] = {

@@ -45,6 +45,9 @@ STATUS_METHOD = "diffill/status"
 TRIGGER_CHARACTERS = [".", "(", "[", "{", ","]
 EXTRA_SNIPPET_LINES = 12
 EXTRA_MAX_DOCS = 3
+RELOAD_FIELDS = ("backend", "model_path", "device", "max_steps", "remote_url", "remote_model",
+                 "api_key_env", "remote_timeout_ms", "remote_retries")
+"""Options whose change means building the backend again."""
 
 
 @dataclass
@@ -122,9 +125,7 @@ class DiffillServer(LanguageServer):
         if self.completer is not None:
             self.completer.options = self.options
         self.cache = TypeaheadCache()
-        changed = (old.model_path, old.device, old.backend, old.max_steps) != (
-            self.options.model_path, self.options.device, self.options.backend, self.options.max_steps
-        )
+        changed = any(getattr(old, f) != getattr(self.options, f) for f in RELOAD_FIELDS)
         if changed and (self.backend is not None or self.load_error is not None or self.loading):
             self.start_loading()
 
@@ -141,7 +142,7 @@ class DiffillServer(LanguageServer):
         """Load the configured model on the worker thread, with $/progress when the
         client supports it; a failure is shown to the user and leaves the server up."""
         opts = self.options
-        name = opts.model_path or "the default model"
+        name = opts.remote_url if opts.backend == "openai" else (opts.model_path or "the default model")
         self.loading, self.backend, self.completer, self.load_error = True, None, None, None
         token = await self._progress_begin(f"loading {name} on {opts.device}")
         t0 = time.perf_counter()
@@ -149,7 +150,7 @@ class DiffillServer(LanguageServer):
             factory = BACKENDS[opts.backend]
 
             def work() -> Backend:
-                backend = factory(opts.model_path, opts.device, max_steps=opts.max_steps)
+                backend = factory(opts.model_path, opts.device, max_steps=opts.max_steps, options=opts)
                 warm = getattr(backend, "warmup", None)
                 if warm is not None:
                     warm()

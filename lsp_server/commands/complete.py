@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        backend = load_local_backend(options.model_path, options.device, max_steps=options.max_steps)
+        backend = load_local_backend(options.model_path, options.device, max_steps=options.max_steps,
+                                     options=options)
     except Exception as e:  # report any load failure in one line
         print(f"diffill complete: cannot load model: {e}", file=sys.stderr)
         return 1

@@ -68,3 +68,14 @@ def test_kwargs_helper_raises_with_field_name():
         options_from_kwargs(max_tokens=-1)
     with pytest.raises(ValueError, match="unknown completion option"):
         options_from_kwargs(nope=1)
+
+
+def test_remote_backend_options():
+    o, errors = options_from({"diffill": {"backend": "openai", "remoteUrl": "https://gpu:8000/v1",
+                                          "apiKeyEnv": "MY_KEY", "remoteRetries": 1}})
+    assert errors == [] and (o.backend, o.remote_url, o.api_key_env, o.remote_retries) == (
+        "openai", "https://gpu:8000/v1", "MY_KEY", 1)
+    o, errors = options_from({"diffill": {"backend": "ollama", "remoteUrl": "gpu:8000",
+                                          "apiKeyEnv": "sk-123 secret"}})
+    assert len(errors) == 3 and o.backend == "local"
+    assert any("'remoteUrl'" in e for e in errors) and any("'apiKeyEnv'" in e for e in errors)
