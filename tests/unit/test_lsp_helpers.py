@@ -231,3 +231,57 @@ def test_pygls_log_records_never_carry_buffers():
     out = buf.getvalue()
     assert "SECRET_BUFFER" not in out
     assert "<DidOpenTextDocumentParams redacted>" in out and "id 7 method textDocument/completion" in out
+
+
+# -- LocalBackend step choice (mock engine: control flow only) ----------------------------------
+
+class _FakeTok:
+    def encode_batch(self, texts):
+        return [[ord(c) for c in t] for t in texts]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+class _FakeEngine:
+    def __init__(self, plan=None):
+        from diffill.model.sampler import SamplerConfig
+
+        self.plan = plan
+        self.sampler = SamplerConfig(steps=8)
+        self.tokenizer = _FakeTok()
+        self.calls = []
+
+    def infill(self, prefix_ids, suffix_ids, *, max_tokens, lengths=None, steps=None, cancel=None):
+        from diffill.model.sampler import Infill
+
+        self.calls.append({"steps": steps, "lengths": lengths})
+        return [Infill(ids=[ord("x")], length=max_tokens, score=0.0, steps=steps or 4)]
+
+
+def _ctx():
+    from diffill.lsp_server.context import build_context
+
+    return build_context("a = \n", 4, _FakeTok().encode_batch, budget=64)
+
+
+def test_local_backend_steps_from_plan_or_timer():
+    from diffill.lsp_server.backends import LocalBackend
+    from diffill.model.plan import BucketTiming, plan_from_timings
+
+    timings = [BucketTiming(ctx=256, hole=h, rows=3, full_ms=2.0, block_ms=2.0) for h in (8, 16, 32, 64)]
+    eng = _FakeEngine(plan_from_timings(timings, 25.0, max_steps=16))
+    b = LocalBackend(eng, step_delay_s=0)
+    out = b.infill(_ctx(), n=1, max_tokens=16, latency_budget_ms=10.0)
+    assert [c.text for c in out] == ["x"]
+    assert eng.calls[-1]["steps"] is None  # the engine's plan decides...
+    assert eng.plan.budget_ms == 10.0  # ...re-derived for the new budget
+    assert all(c.predicted_ms <= 10.0 or c.over_budget for c in eng.plan.choices)
+    b.infill(_ctx(), n=3, max_tokens=16, steps=5)
+    assert eng.calls[-1] == {"steps": 5, "lengths": (4, 8, 16)}  # explicit steps win
+
+    eng2 = _FakeEngine()  # no plan: running ms/step estimate
+    b2 = LocalBackend(eng2, step_delay_s=0, max_steps=16)
+    b2.timer.observe(40.0, 4)  # 10 ms per step
+    b2.infill(_ctx(), n=1, max_tokens=16, latency_budget_ms=30.0)
+    assert eng2.calls[-1]["steps"] == 3
