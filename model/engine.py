@@ -18,11 +18,12 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   (:mod:`diffill.model.cache`).
 * **Fused select-and-unmask** (``select_impl``): the Triton kernel on CUDA
   (:mod:`diffill.kernels.select_unmask`); ``None`` keeps the sampler's torch step.
-* **Shape buckets** (``buckets``) and **CUDA graphs** (``cuda_graphs``, CUDA
-  only, greedy requests): canvases are padded up to bucket sizes
-  (:mod:`diffill.model.plan`) so shapes repeat, and each bucket's step is
-  captured once as a CUDA graph and replayed, with no host synchronisation
-  inside the step loop (threshold mode reads one flag per step to stop early).
+* **Shape buckets** (``buckets``) and **CUDA graphs** (``cuda_graphs``, greedy
+  requests): canvases are padded up to bucket sizes (:mod:`diffill.model.plan`)
+  so shapes repeat, and each bucket's step is captured once as a CUDA graph
+  and replayed, with no host synchronisation inside the step loop (threshold
+  mode reads one flag per step to stop early). Off CUDA the same static-buffer
+  loop runs without capture.
 * **Step budget** (:meth:`Engine.measure_plan` or ``plan=``): a request that
   names no ``steps`` gets the steps (and threshold) that the plan chose for its
   shape bucket to fit ``latency_budget_ms``.
@@ -369,7 +370,7 @@ class Engine:
             lens = candidate_lengths(r.sampler.lengths)
             per_req.append((lens, build_canvas(cfg, r.prefix_ids, r.suffix_ids, lens, dev)))
         n_real = max(cv.hole_pos.shape[1] for _, cv in per_req)
-        use_graphs = (opts.cuda_graphs and dev.type == "cuda" and sc.temperature == 0)
+        use_graphs = opts.cuda_graphs and sc.temperature == 0
         cv, owner = self._merge([c for _, c in per_req], sp.pad, opts.buckets or use_graphs)
         L, N = cv.valid.shape
         state = DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), device=dev),
@@ -481,10 +482,11 @@ class Engine:
         key = (L, T, N, self.options.refresh_every, tuple(sorted((k, str(v)) for k, v in kw.items())))
         g = self._graphs.get(key)
         if g is None:
-            if self._graph_pool is None:
+            capture = cv.ids.device.type == "cuda"
+            if capture and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             g = _StepGraphs(self.model, self.config, cv, kw, self.options.refresh_every,
-                            self._graph_pool)
+                            self._graph_pool, capture=capture)
             self._graphs[key] = g
         return g
 
@@ -516,10 +518,13 @@ class _StepGraphs:
     refresh step (full forward; its context keys/values stay in graph memory) and
     the cached step reading them. Shapes never change, so a cancelled request's
     rows are frozen (nothing left masked) instead of dropped.
+
+    ``capture=False`` (CPU) runs the same static-buffer step eagerly, which is how
+    the tests check this loop without a GPU.
     """
 
     def __init__(self, model: Any, cfg: Any, cv: Canvas, kw: dict[str, Any], refresh_every: int,
-                 pool: Any) -> None:
+                 pool: Any, *, capture: bool = True) -> None:
         L, N = cv.valid.shape
         dev = cv.ids.device
         self.model, self.kw, self.pool = model, kw, pool
@@ -530,7 +535,8 @@ class _StepGraphs:
         self.steps_left = torch.ones((L,), dtype=torch.long, device=dev)
         self.cache = (DualCache(model, self.cv, shift=cfg.shift_logits, refresh_every=1 << 30)
                       if refresh_every > 1 else None)
-        self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[bool, Any] = {}
+        self.capture = capture
 
     def load(self, cv: Canvas, state: DenoiseState, steps: int) -> None:
         for dst, src in zip(self.cv, cv, strict=True):
@@ -574,7 +580,10 @@ class _StepGraphs:
             dst.copy_(src)
 
     def step(self, s: int) -> None:
+        refresh = self.cache is None or s % self.refresh_every == 0
+        if not self.capture:
+            self._body(refresh)
+            return
         if not self.graphs:
             self._capture()
-        refresh = self.cache is None or s % self.refresh_every == 0
         self.graphs[refresh].replay()

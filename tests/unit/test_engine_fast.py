@@ -212,3 +212,62 @@ def test_bad_options():
         EngineOptions(select_impl="cuda")
     with pytest.raises(ValueError):
         EngineOptions(max_batch_rows=0)
+
+
+@pytest.mark.parametrize("refresh", [1, 2])
+@pytest.mark.parametrize("shift", [False, True])
+def test_static_buffer_graph_loop_equals_eager(refresh, shift):
+    """The CUDA-graph loop (static buffers, state written back, steps_left decremented,
+    refresh/cached graphs, frozen cancelled rows) run without capture on CPU."""
+    lm = make_lm(shift, seed=6)
+    reqs = prompts(5, seed=6)
+    for sc in (SamplerConfig(steps=5), SamplerConfig(steps=6, threshold=0.4)):
+        eager = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, buckets=True))
+        graphs = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, cuda_graphs=True))
+        want = run_together(eager, reqs)
+        got = run_together(graphs, reqs)
+        for a, b in zip(got, want, strict=True):
+            _assert_same(a, b)
+        # later rounds reuse the same static buffers (one bucket), other prompts included
+        again = run_together(graphs, reqs)
+        for a, b in zip(again, want, strict=True):
+            _assert_same(a, b)
+        other = [(pre + [7, 8, 9], suf, lens) for pre, suf, lens in prompts(5, seed=9)]
+        for a, b in zip(run_together(graphs, other), run_together(eager, other), strict=True):
+            _assert_same(a, b)
+        assert graphs.stats()["cuda_graphs"] == 1
+
+
+def test_static_buffer_loop_freezes_cancelled_rows():
+    lm = make_lm(seed=7)
+    reqs = prompts(3, seed=7)
+    sc = SamplerConfig(steps=5)
+    eng = Engine(lm, sc, options=EngineOptions(cuda_graphs=True, refresh_every=2))
+    calls = {"n": 0}
+
+    def cancel() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    out: list = [None] * 3
+
+    def work(i: int) -> None:
+        pre, suf, lens = reqs[i]
+        try:
+            out[i] = eng.infill(pre, suf, lengths=lens, cancel=cancel if i == 1 else None)
+        except InfillCancelled as e:
+            out[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    with eng._lock:
+        for t in threads:
+            t.start()
+        while len(eng._queue) < 3:
+            time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert isinstance(out[1], InfillCancelled)
+    for i in (0, 2):
+        pre, suf, lens = reqs[i]
+        _assert_same(out[i], infill_cached(lm.model, lm.config, pre, suf,
+                                           SamplerConfig(steps=5, lengths=lens), refresh_every=2))
