@@ -275,30 +275,46 @@ class DiffillServer(LanguageServer):
         )
 
     # ----------------------------------------------------------------- suggestions
-    async def suggest(self, prep: Prepared, n: int) -> list[Suggestion] | None:
-        """Suggestions for a prepared request, best first; None when superseded."""
-        t0 = time.perf_counter()
-        self.stats.count("requests")
+    def cached(self, prep: Prepared, n: int) -> list[Suggestion] | None:
+        """Typed-ahead answer: the rest of the last suggestions, if the user typed their
+        start (or asks again at the same spot and enough of them are there)."""
         hit = self.cache.lookup(prep.uri, prep.row, prep.line_prefix, prep.line_suffix)
         if hit is not None and (hit[0] or len(hit[1]) >= n):
+            return hit[1][:n]
+        return None
+
+    async def suggest(self, prep: Prepared, n: int, kind: str = "inline") -> list[Suggestion] | None:
+        """Suggestions for a prepared request, best first; None when superseded.
+
+        Latest wins per (kind, document): completion and inline requests (VS Code sends
+        both on a keystroke) do not cancel each other; the later of the two usually finds
+        the first one's answer in the typed-ahead cache, checked again on the worker."""
+        t0 = time.perf_counter()
+        self.stats.count("requests")
+        hit = self.cached(prep, n)
+        if hit is not None:
             self.stats.count("cache_hits")
             self.stats.add((time.perf_counter() - t0) * 1000.0)
-            return hit[1][:n]
+            return hit
         completer = self.completer
         if completer is None or not self.options.enabled:
             self.stats.count("not_ready" if completer is None else "disabled")
             return []
         snippets = self.snippets(prep.uri)
 
-        def work(cancel: Any) -> tuple[Any, float]:
+        def work(cancel: Any) -> tuple[list[Suggestion], Any, float]:
+            again = self.cached(prep, n)  # filled by a job that ran while this one queued
+            if again is not None:
+                return again, None, 0.0
             t = time.perf_counter()
             res = completer.run(prep.text, prep.offset, n=n, cancel=cancel,
                                 language=prep.language, path=prep.path, snippets=snippets)
-            return res, (time.perf_counter() - t) * 1000.0
+            self.cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions)
+            return res.suggestions, res, (time.perf_counter() - t) * 1000.0
 
         try:
-            res, model_ms = await self.scheduler.run(
-                prep.uri, work, stale=lambda: self.doc_version(prep.uri) != prep.version
+            sugg, res, model_ms = await self.scheduler.run(
+                f"{kind} {prep.uri}", work, stale=lambda: self.doc_version(prep.uri) != prep.version
             )
         except Superseded:
             self.stats.count("superseded")
@@ -310,11 +326,15 @@ class DiffillServer(LanguageServer):
             self.stats.count("errors")
             log.warning("backend error: %s", e)
             return []
+        total_ms = (time.perf_counter() - t0) * 1000.0
+        if res is None:
+            self.stats.count("cache_hits")
+            self.stats.add(total_ms)
+            return sugg
         self.stats.count("model_requests")
-        self.stats.add((time.perf_counter() - t0) * 1000.0, model_ms)
-        self.cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions)
+        self.stats.add(total_ms, model_ms)
         self._log_result(prep, res, model_ms)
-        return res.suggestions
+        return sugg
 
     def _log_result(self, prep: Prepared, res: Any, model_ms: float) -> None:
         ctx = res.context
@@ -406,7 +426,7 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
     )
     async def completion(ls: DiffillServer, params: types.CompletionParams) -> types.CompletionList:
         prep = ls.prepare(params.text_document.uri, params.position)
-        sugg = await ls.suggest(prep, ls.options.num_candidates) if prep is not None else []
+        sugg = await ls.suggest(prep, ls.options.num_candidates, "completion") if prep is not None else []
         if not sugg:
             return types.CompletionList(is_incomplete=True, items=[])
         items = completion_items(
@@ -424,7 +444,7 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
         prep = ls.prepare(params.text_document.uri, params.position, ctx.selected_completion_info)
         invoked = ctx.trigger_kind == types.InlineCompletionTriggerKind.Invoked
         n = ls.options.num_candidates if invoked else 1
-        sugg = await ls.suggest(prep, n) if prep is not None else []
+        sugg = await ls.suggest(prep, n, "inline") if prep is not None else []
         if not sugg:
             return types.InlineCompletionList(items=[])
         items = inline_items(

@@ -323,6 +323,21 @@ async def test_typed_ahead_answers_without_model_call(slow: LanguageClient):
     print(f"typed-ahead answer in {took * 1000:.1f} ms")
 
 
+async def test_completion_and_inline_together_one_model_call(slow: LanguageClient):
+    # VS Code asks for both on a keystroke: neither cancels the other, one model call serves both
+    text = "def greet_user(name):\n    message = \n"
+    uri = open_doc(slow, text)
+    pos = end_of(text, 1, "utf-16")
+    before = await status(slow)
+    comp, inl = await asyncio.wait_for(asyncio.gather(
+        completion(slow, uri, pos), inline(slow, uri, pos)), 20)
+    st = await status(slow)
+    assert st.model_calls == before.model_calls + 1 and st.superseded == before.superseded
+    assert st.cache_hits == before.cache_hits + 1
+    assert [i.text_edit.new_text for i in comp.items][:1] == [i.insert_text for i in inl.items][:1]
+    assert inl.items
+
+
 # ----------------------------------------------------------------------------- robustness
 
 
