@@ -151,7 +151,7 @@ def measure_floors(device: torch.device | str, dtype: torch.dtype, *, copy_mb: i
     b = torch.randn(matmul_n, matmul_n, device=dev).to(mm_dtype)
     mm_ms = _median_ms(lambda: a @ b, dev, repeats)
     tflops = 2 * matmul_n**3 / (mm_ms * 1e-3) / 1e12
-    return {"copy_gbps": round(copy_gbps, 2), "matmul_tflops": round(tflops, 3),
+    return {"copy_gbps": float(f"{copy_gbps:.4g}"), "matmul_tflops": float(f"{tflops:.4g}"),
             "matmul_dtype": str(mm_dtype).removeprefix("torch."), "copy_mb": copy_mb,
             "matmul_n": matmul_n}
 
@@ -228,8 +228,8 @@ class BenchOptions:
     floor_copy_mb: int = 1024
     floor_matmul_n: int = 8192
     attention: str = "auto"  # attention backend (model/attention.py)
-    kernel: str = "auto"  # select-and-unmask implementation: auto | torch | triton
-    compile: bool = False  # torch.compile(mode="reduce-overhead") the step (engine flag)
+    graphs: bool = False  # engine: CUDA graphs of the step (+ shape buckets)
+    select_impl: str | None = None  # engine: None (torch step) | auto | torch | triton
     kernel_shapes: tuple[tuple[int, int, int], ...] = ()  # [B, N, V] select-and-unmask timings
     label: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -244,13 +244,24 @@ def _lengths(hole: int, candidates: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def make_engine(bm: BenchModel, opts: BenchOptions, refresh: int) -> Any:
+    """A single-request engine (no batching wait) with this run's speed options."""
+    from .engine import Engine, EngineOptions
+    from .loader import LoadedModel
+    from .sampler import SamplerConfig
+
+    lm = bm.lm or LoadedModel(model=bm.model, tokenizer=None, config=bm.config,
+                              path=Path(bm.name), provenance={}, device=bm.device, dtype=bm.dtype)
+    eo = EngineOptions(batch=False, refresh_every=max(1, refresh), select_impl=opts.select_impl,
+                       cuda_graphs=opts.graphs, buckets=opts.graphs)
+    return Engine(lm, SamplerConfig(), options=eo)
+
+
 def run_bench(bm: BenchModel, opts: BenchOptions,
               log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the grid; returns a JSON-able dict (see module doc)."""
     from . import attention
     from .ar import generate
-    from .cache import infill_cached
-    from .sampler import SamplerConfig, infill
 
     log = log or (lambda s: None)
     model, cfg, dev = bm.model, bm.config, bm.device
@@ -268,7 +279,13 @@ def run_bench(bm: BenchModel, opts: BenchOptions,
         "attention_backend": None, "infill": [], "ar": [], "floors": None,
     }
     old_backend = attention.get_backend()
-    attention.set_backend(opts.attention)
+    try:
+        attention.set_backend(opts.attention)
+    except RuntimeError as e:  # flash requested but not importable
+        result["error"] = str(e)
+        log(str(e))
+        return result
+    engines = {r: make_engine(bm, opts, r) for r in opts.refresh}
     result["attention_backend"] = attention.resolved_backend(dev, bm.dtype)
     try:
         if opts.floors:
@@ -298,20 +315,18 @@ def run_bench(bm: BenchModel, opts: BenchOptions,
                 for steps in opts.steps:
                     if steps > hole:
                         continue
-                    sc = SamplerConfig(steps=steps, lengths=lengths)
                     for r in opts.refresh:
                         if r > 0 and steps == 1:
                             continue  # one step is one full forward either way
 
-                        def fn(sc=sc, r=r, prefix=prefix, suffix=suffix) -> None:
-                            if r > 0:
-                                infill_cached(model, cfg, prefix, suffix, sc, refresh_every=r)
-                            else:
-                                infill(model, cfg, prefix, suffix, sc)
+                        def fn(eng=engines[r], steps=steps, prefix=prefix, suffix=suffix,
+                               lengths=lengths) -> None:
+                            eng.infill(prefix, suffix, lengths=lengths, steps=steps)
 
-                        ms = timed(fn, dev, opts.repeats, opts.warmup)
+                        ms = timed(fn, dev, opts.repeats, max(1, opts.warmup))
                         row = {"ctx": ctx, "hole": hole, "steps": steps, "refresh": r,
-                               "rows": len(lengths), **_summary(ms)}
+                               "rows": len(lengths), "graphs": opts.graphs,
+                               "select": opts.select_impl, **_summary(ms)}
                         row["tokens_per_s"] = round(hole / (row["p50_ms"] / 1e3), 2)
                         row["step_ms"] = round(row["p50_ms"] / steps, 4)
                         _add_floors(row, cfg, result, ctx, hole, steps, r, len(lengths))
@@ -376,6 +391,10 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"floors: copy {fl['copy_gbps']:.1f} GB/s, matmul {fl['matmul_tflops']:.4g} "
                      f"TFLOP/s ({fl['matmul_dtype']}); weights {result['weight_bytes'] / 1e6:.1f} MB "
                      "read per step")
+    opt = result.get("options", {})
+    lines.append(f"engine: select {opt.get('select_impl')}, CUDA graphs {opt.get('graphs')}")
+    if result.get("error"):
+        lines.append(f"error: {result['error']}")
     lines.append(f"{'ctx':>5} {'hole':>4} {'steps':>5} {'cache':>5} {'p50 ms':>9} {'p95 ms':>9} "
                  f"{'tok/s':>9} {'AR p50':>9} {'AR/diff':>7} {'xfloor':>6}")
     for r in result["infill"]:
@@ -433,20 +452,15 @@ def profile_infill(bm: BenchModel, opts: BenchOptions, path: str | Path, *,
     """torch.profiler chrome trace of one infill at the first grid point with the most steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .cache import infill_cached
-    from .sampler import SamplerConfig, infill
-
     ctx, hole = opts.ctx[0], opts.holes[0]
     steps = max([s for s in opts.steps if s <= hole] or [1])
     r = max(opts.refresh) if refresh is None else refresh
     prefix, suffix = request_for(bm.config, ctx)
-    sc = SamplerConfig(steps=steps, lengths=_lengths(hole, opts.candidates))
+    eng = make_engine(bm, opts, r)
+    lengths = _lengths(hole, opts.candidates)
 
     def once() -> None:
-        if r > 0:
-            infill_cached(bm.model, bm.config, prefix, suffix, sc, refresh_every=r)
-        else:
-            infill(bm.model, bm.config, prefix, suffix, sc)
+        eng.infill(prefix, suffix, lengths=lengths, steps=steps)
 
     once()
     _sync(bm.device)

@@ -51,6 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline")
     p.add_argument("--no-floors", action="store_true", help="skip the bandwidth/matmul floors")
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flash", "math"])
+    p.add_argument("--graphs", action="store_true",
+                   help="engine option: CUDA graphs of the step (with shape buckets)")
+    p.add_argument("--select", default="none", choices=["none", "auto", "torch", "triton"],
+                   help="engine option: fused select-and-unmask (none = the sampler's torch step)")
     p.add_argument("--kernel-bench", action="store_true",
                    help="also time select-and-unmask (torch vs Triton) at this model's vocabulary")
     p.add_argument("--lsp", type=int, default=0, metavar="N",
@@ -86,6 +90,8 @@ def _options(args: argparse.Namespace):
     base.ar = not args.no_ar
     base.floors = not args.no_floors
     base.attention = args.attention
+    base.graphs = args.graphs
+    base.select_impl = None if args.select == "none" else args.select
     return base
 
 

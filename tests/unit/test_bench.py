@@ -60,12 +60,18 @@ def test_run_bench_quick_on_tiny(tmp_path):
     assert res["floors"]["copy_gbps"] > 0 and res["trained_weights"] is False
     json.dumps(res)
     text = bench.format_table(res)
-    assert "AR/diff" in text and len(text.splitlines()) == 3 + len(grid)
+    assert "AR/diff" in text and len(text.splitlines()) == 4 + len(grid)
     png = tmp_path / "lat.png"
     bench.plot(res, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     prof = bench.profile_infill(bm, opts, tmp_path / "trace.json")
     assert (tmp_path / "trace.json").stat().st_size > 0 and prof["steps"] == 2
+    # the engine's speed options run too (the CUDA-graph loop uncaptured on CPU)
+    fast = bench.run_bench(bm, bench.BenchOptions(ctx=(24,), holes=(4,), steps=(2,), refresh=(2,),
+                                                  repeats=1, warmup=0, ar=False, floors=False,
+                                                  graphs=True, select_impl="torch"))
+    assert [(r["graphs"], r["select"]) for r in fast["infill"]] == [(True, "torch")]
+    assert "over_floor" not in fast["infill"][0]
 
 
 def test_cli_bench_quick(tmp_path, capsys):
