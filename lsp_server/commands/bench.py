@@ -61,6 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="also time N completion requests through `diffill serve` over stdio")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="write a torch.profiler chrome trace of one infill (first grid point)")
+    p.add_argument("--cache-quality", type=int, default=0, metavar="N",
+                   help="also measure the dual cache's effect on N held-out line tasks: exact "
+                        "match and agreement with the uncached sampler per --refresh value "
+                        "(needs a checkpoint with a tokenizer)")
+    p.add_argument("--heldout", default=None, metavar="JSONL",
+                   help="held-out corpus for --cache-quality (default: $DIFFILL_HELDOUT or the "
+                        "corpus build's heldout.jsonl)")
     p.add_argument("--plan", action="store_true",
                    help="also measure the step plan (steps per shape bucket for --budget-ms)")
     p.add_argument("--budget-ms", type=float, default=25.0)
@@ -144,6 +151,13 @@ def run(args: argparse.Namespace) -> int:
         trace = bench.profile_infill(bm, opts, args.profile)
         result["profile"] = trace
         log(f"profiler trace: {args.profile}")
+    if args.cache_quality:
+        if bm.lm is None or bm.lm.tokenizer is None:
+            log("--cache-quality needs a checkpoint folder with a tokenizer; skipped")
+        else:
+            result["cache_quality"] = cache_quality(
+                bm.lm, args.cache_quality, refresh=sorted({max(1, r) for r in opts.refresh} | {1}),
+                heldout=args.heldout, log=log)
     if args.lsp:
         if bm.lm is None and not bm.trained:
             log("LSP end-to-end needs a checkpoint folder with a tokenizer; skipped")
@@ -296,3 +310,58 @@ def bench_lsp(model: str, n: int, *, device: str = "cpu", log=print,
             "server_p50_ms": status.get("p50_ms"),
             "overhead_p50_ms": None if model_p50 is None else round(p50 - model_p50, 3),
             "cache_hits": status.get("cache_hits", 0), "model_requests": status.get("model_requests")}
+
+
+# -- dual-cache quality on held-out code ------------------------------------------------------------
+
+
+def cache_quality(lm: Any, n: int, *, refresh: list[int], heldout: str | None = None,
+                  steps: int = 8, max_tokens: int = 32, ctx_tokens: int = 384,
+                  log=print) -> dict[str, Any]:
+    """Held-out single-line tasks filled by the engine with the dual cache refreshed every
+    r steps (r = 1: no cache). Per r: exact match against the hidden line (whitespace at
+    the ends ignored) and agreement with r = 1 (identical middle). Context: the last
+    ``ctx_tokens`` prefix tokens and the first ``ctx_tokens // 2`` suffix tokens."""
+    from diffill.lsp_server.evaluation.heldout import default_heldout_path, heldout_tasks
+    from diffill.model.engine import Engine, EngineOptions
+    from diffill.model.sampler import SamplerConfig
+
+    path = heldout or default_heldout_path()
+    if path is None:
+        raise ValueError("no held-out corpus: pass --heldout or set DIFFILL_HELDOUT")
+    tasks, _ = heldout_tasks(path, n, 0, seed=0)
+    tok = lm.tokenizer
+    limit = lm.config.max_position_embeddings
+    reqs = []
+    for t in tasks:
+        pre, suf = tok.encode_batch([t.prompt, t.suffix])
+        budget = max(0, limit - max_tokens - 2)
+        keep_suf = min(len(suf), ctx_tokens // 2, budget // 3)
+        keep_pre = min(len(pre), ctx_tokens, budget - keep_suf)
+        reqs.append((pre[len(pre) - keep_pre:], suf[:keep_suf], t.canonical_solution))
+    out: dict[str, Any] = {"heldout": str(path), "tasks": len(reqs), "steps": steps,
+                           "max_tokens": max_tokens, "by_refresh": []}
+    base: list[list[int]] = []
+    for r in refresh:
+        eng = Engine(lm, SamplerConfig(steps=steps),
+                     options=EngineOptions(batch=False, refresh_every=r))
+        em = agree = 0
+        t0 = time.perf_counter()
+        mids = []
+        for i, (pre, suf, target) in enumerate(reqs):
+            res = eng.infill(pre, suf, max_tokens=max_tokens)
+            ids = res[0].ids if res else []
+            mids.append(ids)
+            em += tok.decode(ids).strip() == target.strip()
+            if base:
+                agree += ids == base[i]
+        if not base:
+            base = mids
+            agree = len(reqs)
+        row = {"refresh_every": r, "exact_match": round(em / max(1, len(reqs)), 4),
+               "agreement_with_uncached": round(agree / max(1, len(reqs)), 4),
+               "seconds": round(time.perf_counter() - t0, 2)}
+        out["by_refresh"].append(row)
+        log(f"cache quality r={r}: EM {row['exact_match']:.3f}, agreement "
+            f"{row['agreement_with_uncached']:.3f} ({row['seconds']} s)")
+    return out

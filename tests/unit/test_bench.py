@@ -99,3 +99,22 @@ def test_lsp_end_to_end_latency(tmp_path):
     assert res["n"] == 3 and res["model_requests"] == 3 and res["cache_hits"] == 0
     assert res["e2e_p50_ms"] > 0 and res["server_model_p50_ms"] is not None
     assert res["e2e_p95_ms"] >= res["e2e_p50_ms"]
+
+
+def test_cache_quality_on_a_tiny_checkpoint(tmp_path):
+    from _checkpoints import tiny_config, write_diffill_checkpoint
+    from diffill.lsp_server.commands.bench import cache_quality
+    from diffill.model.loader import load_model
+
+    folder = tmp_path / "ckpt"
+    write_diffill_checkpoint(folder, tiny_config(vocab_size=300))
+    doc = "\n".join(f"w{i} w{i + 1} w{i + 2}" for i in range(4, 40)) + "\n"
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text(json.dumps({"package": "p", "path": "a.py", "text": doc}) + "\n")
+    res = cache_quality(load_model(folder), 4, refresh=[1, 3], heldout=str(heldout), steps=4,
+                        max_tokens=8, log=lambda s: None)
+    assert res["tasks"] == 4
+    rows = res["by_refresh"]
+    assert [r["refresh_every"] for r in rows] == [1, 3]
+    assert rows[0]["agreement_with_uncached"] == 1.0
+    assert all(0 <= r["exact_match"] <= 1 and 0 <= r["agreement_with_uncached"] <= 1 for r in rows)
