@@ -123,6 +123,19 @@ class TypeaheadCache:
     def forget(self, uri: str) -> None:
         self._entries.pop(uri, None)
 
+    def invalidate(self, uri: str, changes: Any) -> None:
+        """Drop the entry of ``uri`` unless every change is an edit within its row that adds
+        no line: an edit elsewhere changes the context the suggestions were made for."""
+        e = self._entries.get(uri)
+        if e is None:
+            return
+        for ch in changes:
+            rng = getattr(ch, "range", None)
+            if rng is None or rng.start.line != e.row or rng.end.line != e.row or "\n" in ch.text \
+                    or "\r" in ch.text:
+                self._entries.pop(uri, None)
+                return
+
     def lookup(
         self, uri: str, row: int, line_prefix: str, line_suffix: str
     ) -> tuple[str, list[Suggestion]] | None:
@@ -171,6 +184,8 @@ class LatencyStats:
     def summary(self) -> dict[str, Any]:
         return {
             **self.counters,
+            "last_ms": round(self.total_ms[-1], 3) if self.total_ms else None,
+            "last_model_ms": round(self.model_ms[-1], 3) if self.model_ms else None,
             "p50_ms": percentile(self.total_ms, 50),
             "p95_ms": percentile(self.total_ms, 95),
             "model_p50_ms": percentile(self.model_ms, 50),

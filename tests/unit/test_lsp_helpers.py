@@ -198,6 +198,7 @@ def test_percentiles_and_stats():
     st.add(20.0)
     summary = st.summary()
     assert summary["requests"] == 1 and summary["p50_ms"] == 10.0 and summary["model_p50_ms"] == 8.0
+    assert (summary["last_ms"], summary["last_model_ms"], summary["cache_hits"]) == (20.0, 8.0, 0)
 
 
 def test_spread_lengths():
