@@ -15,10 +15,17 @@ Test hook: the environment variable ``DIFFILL_DEBUG_STEP_DELAY_MS`` makes
 :class:`LocalBackend` sleep that long inside every cancel check, i.e. once per
 diffusion step, so end-to-end tests get deterministic slowness for
 cancellation and supersession. Never set it in normal use.
+
+Test hook: ``DIFFILL_DEBUG_FAULT=<MemoryError|RuntimeError>:<n>`` makes the first ``n``
+model calls of :class:`LocalBackend` raise that exception from their first cancel
+check inside the engine (where the step loop checks between steps, i.e. where an
+out-of-memory error in a step would surface), to test how faults reach the user.
+Never set it in normal use.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -30,6 +37,8 @@ from .context import FimContext
 
 CancelFn = Callable[[], bool]
 DEBUG_DELAY_ENV = "DIFFILL_DEBUG_STEP_DELAY_MS"
+DEBUG_FAULT_ENV = "DIFFILL_DEBUG_FAULT"
+_FAULTS: dict[str, type[Exception]] = {"MemoryError": MemoryError, "RuntimeError": RuntimeError}
 
 
 class Cancelled(Exception):
@@ -103,6 +112,14 @@ def debug_step_delay_s() -> float:
         return 0.0
 
 
+def debug_fault() -> tuple[type[Exception], int] | None:
+    """``DIFFILL_DEBUG_FAULT`` parsed (test hook; None when unset or malformed)."""
+    kind, _, count = os.environ.get(DEBUG_FAULT_ENV, "").partition(":")
+    if kind not in _FAULTS:
+        return None
+    return _FAULTS[kind], int(count) if count.isdigit() else 1
+
+
 class StepTimer:
     """Running estimate of model milliseconds per diffusion step (exponential average),
     used to turn a latency budget into a step count."""
@@ -140,6 +157,9 @@ class LocalBackend:
         self.timer = StepTimer()
         self.step_delay_s = debug_step_delay_s() if step_delay_s is None else step_delay_s
         self.model_calls = 0
+        fault = debug_fault()
+        self._fault, self._faults_left = fault if fault is not None else (None, 0)
+        self._fault_lock = threading.Lock()
 
     # -- protocol --------------------------------------------------------------------------
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -160,7 +180,10 @@ class LocalBackend:
         steps: int | None = None,
         latency_budget_ms: float | None = None,
         cancel: CancelFn | None = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
     ) -> list[Candidate]:
+        """See :class:`Backend`; ``temperature`` > 0 samples (``seed`` makes it repeatable)."""
         from diffill.model.sampler import InfillCancelled
 
         if steps is None and latency_budget_ms is not None:
@@ -173,15 +196,16 @@ class LocalBackend:
         check = self._wrap_cancel(cancel)
         self.model_calls += 1
         t0 = time.perf_counter()
+        kw: dict[str, Any] = dict(max_tokens=max_tokens, lengths=spread_lengths(max_tokens, n),
+                                  steps=steps, cancel=check)
         try:
-            results = self.engine.infill(
-                ctx.prefix_ids,
-                ctx.suffix_ids,
-                max_tokens=max_tokens,
-                lengths=spread_lengths(max_tokens, n),
-                steps=steps,
-                cancel=check,
-            )
+            if temperature > 0:
+                req = self.engine.make_request(ctx.prefix_ids, ctx.suffix_ids, **kw)
+                req.sampler = dataclasses.replace(req.sampler, temperature=float(temperature),
+                                                  seed=seed)
+                results = self.engine.submit(req)
+            else:
+                results = self.engine.infill(ctx.prefix_ids, ctx.suffix_ids, **kw)
         except InfillCancelled as e:
             raise Cancelled(str(e)) from None
         except ValueError as e:
@@ -215,10 +239,18 @@ class LocalBackend:
     # -- helpers ---------------------------------------------------------------------------
     def _wrap_cancel(self, cancel: CancelFn | None) -> CancelFn | None:
         delay = self.step_delay_s
-        if not delay:
+        fault: type[Exception] | None = None
+        if self._fault is not None:
+            with self._fault_lock:
+                if self._faults_left > 0:
+                    self._faults_left -= 1
+                    fault = self._fault
+        if not delay and fault is None:
             return cancel
 
         def check() -> bool:
+            if fault is not None:
+                raise fault(f"injected fault ({DEBUG_FAULT_ENV})")
             time.sleep(delay)
             return bool(cancel and cancel())
 

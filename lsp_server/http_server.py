@@ -35,10 +35,12 @@ not the whole prompt when it was cut), ``completion_tokens`` the choices' texts.
 
 Serving discipline
 ------------------
-* The model runs on ONE worker thread (the device does one forward at a time; the
-  engine serialises anyway). Requests wait in a bounded queue: at most
-  ``max_queue`` requests admitted (running + waiting); beyond that 429 with a
-  ``Retry-After`` estimated from recent latencies.
+* Requests run on ``workers`` threads (default 4): context building and
+  tokenisation overlap, and requests that reach the engine together are batched
+  by it (:class:`diffill.model.engine.Engine` runs compatible queued requests as
+  one forward per step; the device still does one batch at a time). At most
+  ``max_queue`` requests are admitted (running + waiting); beyond that 429 with
+  a ``Retry-After`` estimated from recent latencies.
 * Bodies over ``max_body_bytes`` get 413 (checked on ``Content-Length`` and while
   reading a chunked body). Malformed JSON, wrong types, out-of-range values: 400
   naming the field (``error.param``), validated by msgspec Structs.
@@ -206,6 +208,8 @@ class HttpConfig:
     """Bearer token required on /v1/* (None: no auth)."""
     max_queue: int = 32
     """Requests admitted at once (running + waiting); more get 429."""
+    workers: int = 4
+    """Threads running requests (the engine batches the ones that meet)."""
     max_body_bytes: int = 4 * 1024 * 1024
     request_timeout_s: float = 60.0
     model_names: list[str] = field(default_factory=lambda: ["diffill"])
@@ -257,7 +261,8 @@ class HttpFront:
         self.backend = backend
         self.loader = loader
         self.load_error: str | None = None
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffill-http-model")
+        self.executor = ThreadPoolExecutor(max_workers=max(1, config.workers),
+                                           thread_name_prefix="diffill-http-model")
         self.pending = 0
         self.counters: dict[str, int] = {}
         self.latencies: deque[float] = deque(maxlen=200)
@@ -293,7 +298,8 @@ class HttpFront:
         """Seconds a rejected client should wait: queue length x mean latency."""
         lat = list(self.latencies)
         mean = sum(lat) / len(lat) if lat else 1.0
-        return max(RETRYABLE_HINT_S, math.ceil(mean * max(self.pending, 1)))
+        waves = max(self.pending, 1) / max(1, self.config.workers)
+        return max(RETRYABLE_HINT_S, math.ceil(mean * waves))
 
     # -- the model call (worker thread) ------------------------------------------------------
     def complete_one(self, req: CompletionRequest, prompt: str, job: Job) -> tuple[list[Choice], FimContext]:

@@ -19,6 +19,7 @@ Buffer contents are never logged unless the server runs with ``--debug-log-buffe
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -31,11 +32,13 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
+from . import jsonrpc
 from .backends import BACKENDS, Backend, BackendError
 from .completer import Completer, Suggestion
 from .context import Snippet
 from .encoding import LineIndex, PositionError
 from .items import completion_items, inline_items
+from .jsonrpc import DiffillProtocol
 from .options import CompletionOptions, options_from
 from .scheduler import LatencyStats, Scheduler, Superseded, TypeaheadCache
 
@@ -75,6 +78,14 @@ class Prepared:
     path: str | None
 
 
+def context_digest(prefix: str, suffix: str) -> str:
+    """What ``diffill/status`` reports of the last model input (``last_context.digest``):
+    16 hex digits of SHA-256 over ``prefix + NUL + suffix`` -- enough to tell which text
+    the model saw (tests check freshness with it) without putting buffer text in status."""
+    data = (prefix + "\x00" + suffix).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def _encoding_name(enc: Any) -> str:
     return str(getattr(enc, "value", enc) or "utf-16")
 
@@ -82,7 +93,8 @@ def _encoding_name(enc: Any) -> str:
 class DiffillServer(LanguageServer):
     def __init__(self, defaults: CompletionOptions | None = None, *, debug_log_buffers: bool = False) -> None:
         super().__init__(
-            "diffill", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental
+            "diffill", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+            protocol_cls=DiffillProtocol,
         )
         self.options = defaults or CompletionOptions()
         self.debug_log_buffers = debug_log_buffers
@@ -96,6 +108,15 @@ class DiffillServer(LanguageServer):
         self.recent: OrderedDict[str, int] = OrderedDict()  # uri -> row of its last edit
         self._load_task: asyncio.Task[None] | None = None
         self._index: dict[str, tuple[int | None, LineIndex]] = {}
+        self.last_context: dict[str, Any] | None = None
+        self._last_error_shown: str | None = None
+
+    def start_io(self, stdin: Any = None, stdout: Any = None) -> None:
+        """stdio with diffill's hardened framing and spec error answers (:mod:`.jsonrpc`)."""
+        jsonrpc.start_io(self, stdin, stdout)
+
+    def start_tcp(self, host: str, port: int) -> None:
+        jsonrpc.start_tcp(self, host, port)
 
     def shutdown(self) -> None:
         """Stop without waiting for pygls's stdin reader thread (blocked in readline until
@@ -326,6 +347,11 @@ class DiffillServer(LanguageServer):
             self.stats.count("errors")
             log.warning("backend error: %s", e)
             return []
+        except Exception as e:  # the model failed (out of memory, ...): tell the user, stay up
+            self.stats.count("errors")
+            self.report_model_error(e)
+            return []
+        self._last_error_shown = None
         total_ms = (time.perf_counter() - t0) * 1000.0
         if res is None:
             self.stats.count("cache_hits")
@@ -336,8 +362,21 @@ class DiffillServer(LanguageServer):
         self._log_result(prep, res, model_ms)
         return sugg
 
+    def report_model_error(self, e: BaseException) -> None:
+        """A model call raised: log it and show it (not again while the same error repeats)."""
+        msg = f"diffill: model error: {type(e).__name__}: {e}"[:500]
+        log.error("%s", msg)
+        if msg != self._last_error_shown:
+            self._last_error_shown = msg
+            self.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=msg))
+
     def _log_result(self, prep: Prepared, res: Any, model_ms: float) -> None:
         ctx = res.context
+        self.last_context = {
+            "uri": prep.uri, "version": prep.version, "prefix_tokens": ctx.prefix_tokens,
+            "suffix_tokens": ctx.suffix_tokens, "header_tokens": ctx.header_tokens,
+            "digest": context_digest(ctx.prefix, ctx.suffix), "model_ms": round(model_ms, 3),
+        }
         log.info(
             "complete %s:%d:%d prefix=%d suffix=%d tokens, %d candidates -> %d suggestions, %.1f ms",
             prep.path, prep.row, prep.col, ctx.prefix_tokens, ctx.suffix_tokens,
@@ -369,6 +408,8 @@ class DiffillServer(LanguageServer):
             "model_calls": desc.get("model_calls"),
             "engine_cancelled": desc.get("engine_cancelled"),
             "position_encoding": _encoding_name(self.workspace.position_encoding),
+            "last_context": self.last_context,
+            "rejected_messages": {str(k): v for k, v in getattr(self.protocol, "rejected", {}).items()},
             "options": self._options_wire(),
             **self.stats.summary(),
         }
@@ -415,6 +456,7 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
         last = params.content_changes[-1] if params.content_changes else None
         row = last.range.start.line if isinstance(last, types.TextDocumentContentChangePartial) else 0
         ls.note_edit(params.text_document.uri, row)
+        ls.cache.invalidate(params.text_document.uri, params.content_changes)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DiffillServer, params: types.DidCloseTextDocumentParams) -> None:
@@ -486,15 +528,17 @@ class RedactBuffers(logging.Filter):
         return True
 
 
-def setup_logging(log_file: str | None, debug_log_buffers: bool) -> None:
-    """Logs to ``log_file`` (or stderr; stdout is the LSP channel). INFO by default;
-    DEBUG with ``debug_log_buffers`` (which also stops redaction)."""
+def setup_logging(log_file: str | None, debug_log_buffers: bool, level: str | None = None) -> None:
+    """Logs to ``log_file`` (or stderr; stdout is the LSP channel) at ``level`` (default
+    INFO). Buffer contents are redacted at every level unless ``debug_log_buffers``
+    (which also means DEBUG). pygls's own records pass only at an explicit DEBUG level."""
     handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     if not debug_log_buffers:
         handler.addFilter(RedactBuffers())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if debug_log_buffers else logging.INFO)
-    if not debug_log_buffers:
+    lvl = logging.DEBUG if debug_log_buffers else getattr(logging, (level or "info").upper())
+    root.setLevel(lvl)
+    if not debug_log_buffers and lvl > logging.DEBUG:
         logging.getLogger("pygls").setLevel(logging.WARNING)

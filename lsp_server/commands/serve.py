@@ -27,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1, auto")
     p.add_argument("--tcp", default=None, metavar="HOST:PORT", help="listen on TCP instead of stdio")
     p.add_argument("--log-file", default=None, help="write logs here (default: stderr)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level (default info); buffer contents are redacted at every level ...")
     p.add_argument("--debug-log-buffers", action="store_true",
                    help="log DEBUG details including buffer contents (off by default)")
     return p
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"diffill serve: {e}", file=sys.stderr)
             return 2
-    setup_logging(args.log_file, args.debug_log_buffers)
+    setup_logging(args.log_file, args.debug_log_buffers, args.log_level)
     server = create_server(defaults, debug_log_buffers=args.debug_log_buffers)
     if hostport is not None:
         server.start_tcp(*hostport)

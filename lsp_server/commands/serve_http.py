@@ -41,6 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="require a bearer token, read from this file (first line)")
     p.add_argument("--max-queue", type=int, default=32, metavar="N",
                    help="requests admitted at once (running + waiting); more get 429 (default 32)")
+    p.add_argument("--workers", type=int, default=4, metavar="N",
+                   help="threads running requests; the engine batches requests that meet (default 4)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
                    help="largest request body; larger ones get 413 (default 4 MiB)")
     p.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
@@ -55,8 +57,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="name(s) clients send as 'model' (default: the checkpoint folder's name "
                         "and 'diffill')")
     p.add_argument("--log-file", default=None, help="write logs here (default: stderr)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level (default info); prompts are never logged at any level ...")
     p.add_argument("--debug-log-buffers", action="store_true",
-                   help="log prompts and completions at DEBUG level (off by default)")
+                   help="... unless this is given: log prompts and completions (implies debug)")
     return p
 
 
@@ -121,8 +125,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if errors:
             raise ValueError("; ".join(errors))
-        if args.max_queue < 1 or args.max_body_bytes < 1024 or args.request_timeout <= 0:
-            raise ValueError("--max-queue >= 1, --max-body-bytes >= 1024 and --request-timeout > 0")
+        if (args.max_queue < 1 or args.workers < 1 or args.max_body_bytes < 1024
+                or args.request_timeout <= 0):
+            raise ValueError("--max-queue >= 1, --workers >= 1, --max-body-bytes >= 1024 and "
+                             "--request-timeout > 0")
         token = read_token(args)
     except ValueError as e:
         print(f"diffill serve-http: {e}", file=sys.stderr)
@@ -132,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if args.debug_log_buffers else logging.INFO)
+    root.setLevel(logging.DEBUG if args.debug_log_buffers else getattr(logging, args.log_level.upper()))
     if token is None and not is_loopback(args.host):
         logging.getLogger("diffill.http").warning(
             "listening on %s without a token: anyone who can reach the port can use the model "
@@ -141,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     config = HttpConfig(
         token=token,
         max_queue=args.max_queue,
+        workers=args.workers,
         max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout,
         model_names=model_names(args),

@@ -1,0 +1,348 @@
+"""A hardened JSON-RPC layer under pygls: framing that survives garbage, and the
+error answers the LSP and JSON-RPC specifications ask for.
+
+pygls 2.1 left alone drops a request with a malformed envelope or bad params
+without an answer (only a ``window/showMessage``), answers nothing to bad JSON,
+loses its framing for good after one bad ``Content-Length`` header (every later
+message is read as a header line), and answers a request sent before
+``initialize`` with an internal error. Here:
+
+=====================================================  =================================
+input                                                  answer
+=====================================================  =================================
+body that is not UTF-8 or not JSON                     -32700 ParseError, ``id: null``
+header block without a valid ``Content-Length``        -32700, ``id: null``; resync
+``Content-Length`` over :data:`MAX_MESSAGE_BYTES`      body skipped, -32700
+JSON that is not an object (array, number, ...)        -32600 InvalidRequest, ``id: null``
+bad ``jsonrpc``/``method``/``id``/``params`` types      -32600 (with the id when usable;
+                                                       ``params: null`` counts as absent)
+params that do not fit the method's type               -32602 InvalidParams (requests)
+any request before ``initialize``                      -32002 ServerNotInitialized
+a second ``initialize``                                -32600
+any request after ``shutdown``                         -32600 InvalidRequest
+notifications that cannot be handled                   dropped (logged by method name)
+=====================================================  =================================
+
+Framing: header lines are read with a length limit; a header block ends at an empty
+line; the ``Content-Length`` header is looked for anywhere in a line (case
+insensitive), so a header glued to the tail of a short body -- what a too-small
+``Content-Length`` leaves behind -- is still found and the stream resynchronises
+on the next message. Bodies are read in chunks (no up-front allocation of a
+claimed size). A too-large ``Content-Length`` swallows the following bytes until
+it is satisfied: nothing in a byte stream can tell where a message really ends.
+
+Strings with lone surrogates (``"\\ud800"``, legal JSON, impossible in UTF-8) get
+U+FFFD in their place: one UTF-16 unit for one, so positions stay where the client
+put them.
+
+Nothing here logs message contents (they hold buffer text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any, BinaryIO, Protocol
+
+from lsprotocol import types
+from pygls.io_ import StdoutWriter
+from pygls.protocol import LanguageServerProtocol
+
+log = logging.getLogger("diffill.jsonrpc")
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
+SERVER_NOT_INITIALIZED = -32002
+
+MAX_HEADER_LINE = 8192
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""Bodies claiming more are skipped (a 10 MB document fits many times over)."""
+CHUNK = 1 << 20
+
+_CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*([^\r\n]*)", re.IGNORECASE)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _fix_surrogates(obj: Any) -> Any:
+    """Replace lone surrogates in every string of a decoded JSON value by U+FFFD."""
+    if isinstance(obj, str):
+        return _LONE_SURROGATE.sub("\ufffd", obj) if _LONE_SURROGATE.search(obj) else obj
+    if isinstance(obj, dict):
+        return {_fix_surrogates(k): _fix_surrogates(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fix_surrogates(v) for v in obj]
+    return obj
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+class DiffillProtocol(LanguageServerProtocol):
+    """pygls's LanguageServerProtocol behind an envelope and lifecycle gate."""
+
+    def __init__(self, server: Any, converter: Any) -> None:
+        super().__init__(server, converter)
+        self.initialize_seen = False
+        self.rejected: dict[int, int] = {}
+        """error code -> how many messages got it (diffill/status, tests)."""
+
+    # -- answers ----------------------------------------------------------------------------
+    def send_error(self, msg_id: Any, code: int, message: str) -> None:
+        self.rejected[code] = self.rejected.get(code, 0) + 1
+        self._send_data({"jsonrpc": "2.0", "id": msg_id if _valid_id(msg_id) else None,
+                         "error": {"code": code, "message": message}})
+
+    # -- entry point ------------------------------------------------------------------------
+    def handle_body(self, body: bytes) -> None:
+        """One framed message body: decode, check, then hand over to pygls."""
+        try:
+            text = body.decode("utf-8")
+            data = json.loads(text)
+        except (UnicodeDecodeError, ValueError) as e:
+            self.send_error(None, PARSE_ERROR, f"Parse error: {type(e).__name__} at byte "
+                            f"{getattr(e, 'start', getattr(e, 'pos', '?'))}")
+            return
+        except RecursionError:
+            self.send_error(None, PARSE_ERROR, "Parse error: nesting too deep")
+            return
+        if _SURROGATE_ESCAPE.search(body):
+            data = _fix_surrogates(data)
+        self.handle_object(data)
+
+    def handle_object(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            self.send_error(None, INVALID_REQUEST,
+                            "Invalid Request: a message must be a JSON object (no batches)")
+            return
+        msg_id = data.get("id")
+        has_id = "id" in data
+        method = data.get("method")
+        if data.get("jsonrpc") != "2.0":
+            self.send_error(msg_id, INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
+            return
+        if "method" not in data:
+            if has_id and ("result" in data or "error" in data) and _valid_id(msg_id):
+                self._response(data)  # a response to one of our requests
+            else:
+                self.send_error(msg_id, INVALID_REQUEST, 'Invalid Request: no "method"')
+            return
+        if not isinstance(method, str):
+            self.send_error(msg_id, INVALID_REQUEST, 'Invalid Request: "method" must be a string')
+            return
+        if has_id and not _valid_id(msg_id):
+            self.send_error(None, INVALID_REQUEST,
+                            'Invalid Request: "id" must be an integer or a string')
+            return
+        if data.get("params") is not None and not isinstance(data["params"], (dict, list)):
+            if has_id:
+                self.send_error(msg_id, INVALID_REQUEST,
+                                'Invalid Request: "params" must be an object or an array')
+            return
+        if has_id:
+            self._request(data, msg_id, method)
+        else:
+            self._notification(data, method)
+
+    # -- lifecycle gate ---------------------------------------------------------------------
+    def _request(self, data: dict[str, Any], msg_id: Any, method: str) -> None:
+        data.setdefault("params", None)  # JSON-RPC lets a request leave params out
+        if method == types.INITIALIZE:
+            if self.initialize_seen:
+                self.send_error(msg_id, INVALID_REQUEST, "Invalid Request: initialize was already sent")
+                return
+        elif not self.initialize_seen:
+            self.send_error(msg_id, SERVER_NOT_INITIALIZED,
+                            f"Server not initialized: {method} before initialize")
+            return
+        if self._shutdown:
+            self.send_error(msg_id, INVALID_REQUEST,
+                            f"Invalid Request: {method} after shutdown")
+            return
+        try:
+            message = self.structure_message(data)
+        except Exception:
+            self.send_error(msg_id, INVALID_PARAMS, f"Invalid params for {method}")
+            return
+        if method == types.INITIALIZE:
+            self.initialize_seen = True
+        self._dispatch(message)
+
+    def _notification(self, data: dict[str, Any], method: str) -> None:
+        data.setdefault("params", None)
+        if method != types.EXIT and (not self.initialize_seen or self._shutdown):
+            log.info("dropped notification %s (%s)", method,
+                     "before initialize" if not self.initialize_seen else "after shutdown")
+            return
+        try:
+            message = self.structure_message(data)
+        except Exception:
+            log.warning("dropped notification %s: its params do not fit the method", method)
+            return
+        self._dispatch(message)
+
+    def _response(self, data: dict[str, Any]) -> None:
+        try:
+            message = self.structure_message(data)
+        except Exception:
+            log.warning("dropped a response to request %r: it does not fit the request's type",
+                        data.get("id"))
+            return
+        self._dispatch(message)
+
+    def _dispatch(self, message: Any) -> None:
+        try:
+            self.handle_message(message)
+        except Exception as e:  # pygls answers requests itself; this is a last resort
+            log.exception("cannot handle a message: %s", type(e).__name__)
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+class LineReader(Protocol):
+    def readline(self, limit: int) -> Awaitable[bytes]: ...
+    def read(self, n: int) -> Awaitable[bytes]: ...
+
+
+class StdinReader:
+    """Blocking stdin reads on an executor thread."""
+
+    def __init__(self, stdin: BinaryIO, executor: Executor) -> None:
+        self.stdin = stdin
+        self.executor = executor
+
+    def readline(self, limit: int) -> Awaitable[bytes]:
+        return asyncio.get_running_loop().run_in_executor(self.executor, self.stdin.readline, limit)
+
+    def read(self, n: int) -> Awaitable[bytes]:
+        return asyncio.get_running_loop().run_in_executor(self.executor, self.stdin.read, n)
+
+
+class StreamLineReader:
+    """An asyncio StreamReader (TCP) with the same interface."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+
+    async def readline(self, limit: int) -> bytes:
+        try:
+            return await self.reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as e:
+            return e.partial
+        except asyncio.LimitOverrunError as e:
+            return await self.reader.read(min(e.consumed, limit) or limit)
+
+    async def read(self, n: int) -> bytes:
+        return await self.reader.read(n)
+
+
+async def _read_exactly(reader: LineReader, n: int) -> bytes | None:
+    """``n`` bytes (read in chunks), or None at end of input."""
+    parts: list[bytes] = []
+    left = n
+    while left > 0:
+        chunk = await reader.read(min(left, CHUNK))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+async def read_messages(
+    reader: LineReader,
+    protocol: DiffillProtocol,
+    stop: threading.Event,
+    *,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> None:
+    """The main loop: frames -> :meth:`DiffillProtocol.handle_body` until end of input."""
+    while not stop.is_set():
+        length: int | None = None
+        bad: str | None = None
+        seen_header = False
+        while True:  # one header block
+            line = await reader.readline(MAX_HEADER_LINE)
+            if not line:
+                return
+            if line.strip() == b"":
+                if seen_header:
+                    break
+                continue  # blank lines between messages
+            seen_header = True
+            m = _CONTENT_LENGTH.search(line)
+            if m is not None:
+                value = m.group(1).strip()
+                if value.isdigit():
+                    length, bad = int(value), None
+                else:
+                    length, bad = None, f"invalid Content-Length {value[:20].decode('latin-1')!r}"
+        if length is None:
+            protocol.send_error(None, PARSE_ERROR,
+                                f"Parse error: {bad or 'header block without Content-Length'}")
+            continue
+        if length > max_bytes:
+            skipped = await _read_exactly(reader, length)
+            protocol.send_error(None, PARSE_ERROR,
+                                f"Parse error: message of {length} bytes exceeds {max_bytes}")
+            if skipped is None:
+                return
+            continue
+        body = await _read_exactly(reader, length) if length else b""
+        if body is None:
+            return
+        try:
+            protocol.handle_body(body)
+        except Exception as e:  # e.g. MemoryError under a memory limit: drop it, keep serving
+            log.error("cannot handle a message: %s: %s", type(e).__name__, e)
+
+
+def start_io(server: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+    """Serve one client on stdio (pygls's ``start_io`` with this framing)."""
+    server._stop_event = stop = threading.Event()
+    reader = StdinReader(stdin or sys.stdin.buffer, server.thread_pool)
+    server.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+    try:
+        asyncio.run(read_messages(reader, server.protocol, stop))
+    except BrokenPipeError:
+        log.error("connection to the client lost; shutting down")
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.shutdown()
+
+
+def start_tcp(server: Any, host: str, port: int,
+              ready: Callable[[str, int], None] | None = None) -> None:
+    """Serve clients on TCP, one connection at a time (pygls's ``start_tcp`` semantics)."""
+    server._stop_event = stop = threading.Event()
+
+    async def connection(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        server.protocol.set_writer(w)
+        await read_messages(StreamLineReader(r), server.protocol, stop)
+        server.shutdown()
+
+    async def main() -> None:
+        srv = await asyncio.start_server(connection, host, port, limit=MAX_HEADER_LINE * 2)
+        server._server = srv
+        if ready is not None:
+            sock = srv.sockets[0].getsockname()
+            ready(sock[0], sock[1])
+        async with srv:
+            await srv.serve_forever()
+
+    try:
+        asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.shutdown()
