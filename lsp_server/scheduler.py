@@ -110,30 +110,43 @@ class TypeaheadCache:
     right of the cursor is unchanged, and the text left of the cursor is the old one
     extended by exactly what was typed -- and that typed text starts a suggestion.
     The hit is the rest of each such suggestion (best first).
+
+    Each document has a generation, bumped whenever its entry is invalidated; a store
+    made with the generation read when the request was prepared is dropped if the
+    generation moved meanwhile, so a model run that finishes after an edit elsewhere
+    cannot plant suggestions made for the old text.
     """
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
+        self._gen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def generation(self, uri: str) -> int:
+        return self._gen.get(uri, 0)
 
     def store(self, uri: str, row: int, line_prefix: str, line_suffix: str,
-              suggestions: list[Suggestion]) -> None:
+              suggestions: list[Suggestion], generation: int | None = None) -> None:
         if suggestions:
-            self._entries[uri] = _Entry(uri, row, line_prefix, line_suffix, list(suggestions))
+            with self._lock:
+                if generation is not None and generation != self._gen.get(uri, 0):
+                    return
+                self._entries[uri] = _Entry(uri, row, line_prefix, line_suffix, list(suggestions))
 
     def forget(self, uri: str) -> None:
-        self._entries.pop(uri, None)
+        with self._lock:
+            self._entries.pop(uri, None)
+            self._gen[uri] = self._gen.get(uri, 0) + 1
 
     def invalidate(self, uri: str, changes: Any) -> None:
         """Drop the entry of ``uri`` unless every change is an edit within its row that adds
         no line: an edit elsewhere changes the context the suggestions were made for."""
         e = self._entries.get(uri)
-        if e is None:
-            return
         for ch in changes:
             rng = getattr(ch, "range", None)
-            if rng is None or rng.start.line != e.row or rng.end.line != e.row or "\n" in ch.text \
-                    or "\r" in ch.text:
-                self._entries.pop(uri, None)
+            if e is None or rng is None or rng.start.line != e.row or rng.end.line != e.row \
+                    or "\n" in ch.text or "\r" in ch.text:
+                self.forget(uri)
                 return
 
     def lookup(

@@ -322,6 +322,7 @@ class DiffillServer(LanguageServer):
             self.stats.count("not_ready" if completer is None else "disabled")
             return []
         snippets = self.snippets(prep.uri)
+        cache, gen = self.cache, self.cache.generation(prep.uri)  # an edit elsewhere bumps gen
 
         def work(cancel: Any) -> tuple[list[Suggestion], Any, float]:
             again = self.cached(prep, n)  # filled by a job that ran while this one queued
@@ -330,7 +331,8 @@ class DiffillServer(LanguageServer):
             t = time.perf_counter()
             res = completer.run(prep.text, prep.offset, n=n, cancel=cancel,
                                 language=prep.language, path=prep.path, snippets=snippets)
-            self.cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions)
+            cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions,
+                        generation=gen)
             return res.suggestions, res, (time.perf_counter() - t) * 1000.0
 
         try:
