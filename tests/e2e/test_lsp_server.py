@@ -37,8 +37,8 @@ CLIENTS = {
     "emacs": "utf-32",
 }
 FAST = {"diffill": {"steps": 2, "maxTokens": 16, "numCandidates": 3}}
-STEP_DELAY_MS = 150
-SLOW = {"diffill": {"steps": 6, "maxTokens": 16, "numCandidates": 1}}
+STEP_DELAY_MS = 100
+SLOW = {"diffill": {"steps": 4, "maxTokens": 16, "numCandidates": 1}}
 
 GREET = "def greet_user(name):\n    message = \"hello \" + name\n    print(message)\n    return message\n"
 ADD = "def add_numbers(a, b):\n    total = a + b\n    return total\n"
@@ -132,37 +132,44 @@ def inline(client: LanguageClient, uri: str, pos: types.Position, invoked: bool 
 # ----------------------------------------------------------------------------- servers
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=list(CLIENTS))
-async def client(request: pytest.FixtureRequest, model_dir: Path):
-    c = await start(model_dir, request.param, FAST)
-    st = await wait_loaded(c)
-    assert st.loaded, st.error
-    yield c
-    await c.shutdown_session()
-    await c.stop()
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def slow(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+async def servers(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """All five servers, started concurrently (start-up is mostly imports and model loading)."""
     log = tmp_path_factory.mktemp("slowlog") / "server.log"
-    c = await start(model_dir, "visual-studio-code", SLOW, {"DIFFILL_DEBUG_STEP_DELAY_MS": str(STEP_DELAY_MS)},
-                    args=("--log-file", str(log)))
-    c.log_file = log
-    st = await wait_loaded(c)
-    assert st.loaded, st.error
-    yield c
-    await c.shutdown_session()
-    await c.stop()
-    assert c._server.returncode == 0  # shutdown + exit -> 0
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def broken(tmp_path_factory: pytest.TempPathFactory):
     bad = tmp_path_factory.mktemp("nomodel") / "does-not-exist"
-    c = await start(bad, "neovim@v0.11.0", None)
-    yield c
-    await c.shutdown_session()
-    await c.stop()
+    starts = {spec: start(model_dir, spec, FAST) for spec in CLIENTS}
+    starts["slow"] = start(model_dir, "visual-studio-code", SLOW,
+                           {"DIFFILL_DEBUG_STEP_DELAY_MS": str(STEP_DELAY_MS)}, args=("--log-file", str(log)))
+    starts["broken"] = start(bad, "neovim@v0.11.0", None)
+    clients = dict(zip(starts, await asyncio.gather(*starts.values()), strict=True))
+    clients["slow"].log_file = log
+    loaded = await asyncio.gather(*(wait_loaded(c) for c in clients.values()))
+    for name, st in zip(clients, loaded, strict=True):
+        assert st.loaded or name == "broken", (name, st.error)
+    yield clients
+    for c in clients.values():
+        await c.shutdown_session()
+        await c.stop()
+    for name, c in clients.items():
+        assert c._server.returncode == 0, name  # shutdown + exit -> 0
+
+
+@pytest.fixture(params=list(CLIENTS))
+def client(request: pytest.FixtureRequest, servers: dict[str, LanguageClient]) -> LanguageClient:
+    """One server per client capability set (utf-8 / utf-16 / utf-32 positions)."""
+    return servers[request.param]
+
+
+@pytest.fixture()
+def slow(servers: dict[str, LanguageClient]) -> LanguageClient:
+    """VS Code capabilities, DIFFILL_DEBUG_STEP_DELAY_MS per step, --log-file."""
+    return servers["slow"]
+
+
+@pytest.fixture()
+def broken(servers: dict[str, LanguageClient]) -> LanguageClient:
+    """A model path that does not exist."""
+    return servers["broken"]
 
 
 # ----------------------------------------------------------------------------- every client
