@@ -1,0 +1,174 @@
+"""``diffill serve-http`` as a subprocess on loopback (micro model):
+
+* a CI-sized run of scripts/loadtest_http.py: concurrent clients, every request
+  answered exactly once with its own completion (X-Request-Id echo, unique ids, and
+  temperature-0 answers identical to the same prompts sent alone afterwards);
+* a full queue answers 429 with Retry-After and loses nothing;
+* team serving end to end: the language server with ``backend = "openai"`` talking
+  to serve-http (bearer token from the environment) gives the same suggestions as
+  the language server with the local model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _lsp_raw import SERVE, RawClient, end_position, server_env
+
+pytestmark = [pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+LOADTEST = ROOT / "scripts" / "loadtest_http.py"
+TOKEN_ENV = "DIFFILL_TEST_HTTP_TOKEN"
+TOKEN = "team-token-for-tests-only"
+
+
+@pytest.fixture(scope="module")
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    try:
+        return Path(request.getfixturevalue("micro_model_dir"))
+    except pytest.FixtureLookupError:
+        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
+        if not env:
+            raise
+        return Path(env)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def health(base: str) -> dict:
+    with urllib.request.urlopen(base + "/health", timeout=5) as r:
+        return json.load(r)
+
+
+def start_http(model: Path, tmp: Path, *flags: str, env: dict[str, str] | None = None
+               ) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "diffill.lsp_server.cli", "serve-http", "--model", str(model),
+         "--port", str(port), "--steps", "2", *flags],
+        stdout=subprocess.DEVNULL, stderr=open(tmp / f"http-{port}.err", "wb"),  # noqa: SIM115
+        env=server_env(env))
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, (tmp / f"http-{port}.err").read_text()
+        try:
+            if health(base)["status"] == "ok":
+                return proc, base
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "serve-http did not become healthy"
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def team_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("http")
+    proc, base = start_http(model_dir, tmp, "--token-env", TOKEN_ENV, "--max-queue", "64",
+                            "--workers", "4", env={TOKEN_ENV: TOKEN})
+    yield base
+    stop(proc)
+
+
+def loadtest(base: str, tmp: Path, *args: str) -> dict:
+    out = tmp / "report.json"
+    r = subprocess.run([sys.executable, str(LOADTEST), "--url", base, "--json", str(out),
+                        "--token-env", TOKEN_ENV, *args], env={**os.environ, TOKEN_ENV: TOKEN},
+                       capture_output=True, text=True, timeout=600)
+    print(r.stdout, r.stderr)
+    assert out.exists(), r.stderr
+    return json.loads(out.read_text())
+
+
+def test_load_every_request_gets_its_own_answer(team_server: str, tmp_path: Path, capsys):
+    rep = loadtest(team_server, tmp_path, "--clients", "6", "--requests", "20", "--verify", "24")
+    h = health(team_server)
+    with capsys.disabled():
+        print(f"\n[load] {rep['total']} requests, {rep['clients']} clients: {rep['requests_per_s']} "
+              f"req/s, p50 {rep['p50_ms']} ms, p95 {rep['p95_ms']} ms, errors {rep['errors']}, "
+              f"429s {rep['rejected_429']}, lost {rep['lost']}, verified {rep['verified']} "
+              f"(mismatched {rep['mismatched']}); engine: {h['engine_requests']} requests in "
+              f"{h['engine_batches']} batches (max {h['engine_max_batch_requests']} per batch)")
+    assert rep["lost"] == 0 and rep["errors"] == 0
+    assert rep["ok"] == rep["total"] == 120
+    assert rep["duplicate_ids"] == 0 and rep["wrong_request_id"] == 0
+    assert rep["verified"] == 24 and rep["mismatched"] == 0
+
+
+def test_full_queue_answers_429_and_loses_nothing(model_dir: Path, tmp_path: Path):
+    proc, base = start_http(model_dir, tmp_path, "--max-queue", "2", "--workers", "1",
+                            "--token-env", TOKEN_ENV,
+                            env={TOKEN_ENV: TOKEN, "DIFFILL_DEBUG_STEP_DELAY_MS": "50"})
+    try:
+        rep = loadtest(base, tmp_path, "--clients", "8", "--requests", "3", "--retries", "0",
+                       "--verify", "0")
+        h = health(base)
+    finally:
+        stop(proc)
+    assert rep["lost"] == 0
+    assert rep["rejected_429"] > 0 and rep["rejected_429"] == rep["errors"]
+    assert rep["ok"] + rep["rejected_429"] == rep["total"] == 24
+    assert h["rejected_429"] == rep["rejected_429"] and h["queue"] == 0
+
+
+def lsp_suggestions(c: RawClient, docs: list[tuple[str, str]]) -> list[tuple[str, ...]]:
+    out = []
+    for i, (prefix, suffix) in enumerate(docs):
+        uri = f"file:///team/{i}.py"
+        c.open(uri, prefix + suffix)
+        line, char = end_position(prefix)
+        res = c.wait_for(c.inline_async(uri, line, char), 120)
+        out.append(tuple(item["insertText"] for item in res["result"]["items"]))
+    return out
+
+
+def test_language_server_over_serve_http(team_server: str, model_dir: Path, tmp_path: Path):
+    docs = [("def add_numbers(a, b):\n    total = a + b\n    return ", "\n"),
+            ("def greet_user(name):\n    message = ", "\n    print(message)\n    return message\n"),
+            ("def is_even(number):\n    return number ", "\n"),
+            ("def celsius_to_kelvin(celsius):\n    kelvin = ", "\n    return kelvin\n")]
+    options = {"steps": 2, "maxTokens": 16, "numCandidates": 1}
+    log = tmp_path / "remote-lsp.log"
+    remote = RawClient([*SERVE, "--log-file", str(log)], env=server_env({"DIFFILL_API_KEY": TOKEN}),
+                       stderr_path=tmp_path / "remote.err")
+    local = RawClient([*SERVE, "--model", str(model_dir)], stderr_path=tmp_path / "local.err")
+    try:
+        remote.initialize({"diffill": {**options, "backend": "openai",
+                                       "remoteUrl": team_server + "/v1", "remoteModel": "diffill"}})
+        local.initialize({"diffill": options})
+        st = remote.wait_loaded()
+        assert st["loaded"] and st["backend"] == "openai", st
+        assert local.wait_loaded()["loaded"]
+        got = lsp_suggestions(remote, docs)
+        want = lsp_suggestions(local, docs)
+        st = remote.request("diffill/status")["result"]
+        assert remote.shutdown() == 0 and local.shutdown() == 0
+    finally:
+        remote.kill()
+        local.kill()
+    assert got == want
+    assert st["model_requests"] == len(docs) and st["errors"] == 0
+    assert TOKEN not in json.dumps(st) and TOKEN not in log.read_text()
