@@ -204,10 +204,11 @@ def test_triton_equal_scores_rank_by_slot_index():
     assert torch.equal(ref.selected, tri.selected) and torch.equal(c_ref, c_tri)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(KERNEL_OK, reason="kernels already run in this process")
 @pytest.mark.skipif(not su.HAVE_TRITON, reason="triton is not installed")
 def test_triton_kernels_under_interpreter_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "triton_",
          "-x"],
