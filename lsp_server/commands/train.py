@@ -1,0 +1,37 @@
+"""``diffill train``: train diffill's own masked-diffusion model.
+
+Thin wrapper over :mod:`diffill.model.train` (same flags as
+``python -m diffill.model.train``). Example::
+
+    diffill train --data /work/data/tokens --out runs/default \\
+        --d-model 192 --layers 6 --heads 4 --kv-heads 2 --ffn 512 \\
+        --max-time-min 60 --save-every-min 10
+
+``diffill train --micro OUT`` builds the tiny test model (its own BPE, a few
+hundred steps) used by the test-suite and the editor end-to-end checks.
+
+Tip for a CPU shared with other work: start it with ``OMP_WAIT_POLICY=PASSIVE``
+(busy-waiting OpenMP threads lose several times over when cores are contended).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train",
+        help="train diffill's own masked-diffusion model on a pre-tokenised corpus",
+        description=__doc__.split("\n\n")[0],
+    )
+    from diffill.model.train import add_arguments
+
+    add_arguments(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from diffill.model.train import run_from_args
+
+    return run_from_args(args)

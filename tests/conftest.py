@@ -1,0 +1,93 @@
+"""Shared fixtures.
+
+``micro_model_dir`` (session scope): a real diffill checkpoint folder
+(config.json, model.safetensors, tokenizer.json) of a micro model trained on the
+committed micro corpus (``tests/fixtures/micro_corpus.py``) with its own tiny
+BPE. It memorises that corpus well enough to fill its lines back in exactly
+(see ``tests/unit/test_learning.py``). Treat the folder as read-only.
+
+Building it takes about a minute of one CPU core, so the result is cached
+across sessions under ``$DIFFILL_TEST_CACHE`` (default
+``<system tmp>/diffill-test-cache``) in a folder named after a hash of
+everything that determines it (corpus, training/data/model code, torch
+version). ``DIFFILL_TEST_CACHE=off`` disables that cache (the model is then
+built once per session under pytest's tmp dir). Concurrent sessions are safe:
+each builds in its own temporary folder and renames it into place atomically.
+
+Outside pytest (editor end-to-end scripts, CI) the same model comes from
+``python -m diffill.model.train --micro OUT`` (checkpoint in ``OUT/model``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MICRO_CORPUS = ROOT / "tests" / "fixtures" / "micro_corpus.py"
+_KEY_FILES = ("model/train.py", "model/data.py", "model/transformer.py", "model/config.py",
+              "model/attention.py")
+
+
+def micro_corpus_text() -> str:
+    return MICRO_CORPUS.read_text()
+
+
+def _micro_key() -> str:
+    import tokenizers
+    import torch
+
+    h = hashlib.sha256()
+    h.update(micro_corpus_text().encode())
+    for rel in _KEY_FILES:
+        p = ROOT / rel
+        h.update(rel.encode())
+        h.update(p.read_bytes() if p.is_file() else b"")
+    h.update(torch.__version__.encode())
+    h.update(tokenizers.__version__.encode())
+    return h.hexdigest()[:16]
+
+
+def build_micro_model(cache_root: Path) -> Path:
+    """The micro checkpoint folder under ``cache_root`` (built if missing)."""
+    from diffill.model.train import train_micro_model
+
+    final = cache_root / f"micro-{_micro_key()}"
+    ckpt = final / "model"
+    if (ckpt / "model.safetensors").is_file() and (ckpt / "config.json").is_file():
+        return ckpt
+    cache_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="building-", dir=cache_root))
+    try:
+        train_micro_model(tmp, micro_corpus_text(), threads=1)
+        try:
+            tmp.rename(final)
+        except OSError:  # another session finished first: use theirs
+            if not (ckpt / "model.safetensors").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ckpt
+
+
+@pytest.fixture(scope="session")
+def micro_corpus() -> str:
+    """The text the micro model was trained on."""
+    return micro_corpus_text()
+
+
+@pytest.fixture(scope="session")
+def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trained micro diffill checkpoint folder (read-only; see module doc)."""
+    setting = os.environ.get("DIFFILL_TEST_CACHE", "")
+    if setting.lower() in ("off", "0", "no", "false"):
+        root = tmp_path_factory.mktemp("micro-model")
+    else:
+        root = Path(setting) if setting else Path(tempfile.gettempdir()) / "diffill-test-cache"
+    return build_micro_model(root)
