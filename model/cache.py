@@ -98,7 +98,11 @@ class DualCache:
         self.block_pos, self.block_attn = active_block(canvas, shift)
         T = canvas.ids.shape[1]
         self.ctx_pos = context_positions(T, self.block_pos)  # [L, S]
-        self.ctx_mask = canvas.attn.gather(1, self.ctx_pos)  # [L, S]
+        # canvas.attn None = every position of every row is real (no masks at all, so
+        # attention may take its mask-free fast kernels)
+        self.ctx_mask = None if canvas.attn is None else canvas.attn.gather(1, self.ctx_pos)
+        if canvas.attn is None:
+            self.block_attn = None
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.calls = 0
         self.refreshes = 0
@@ -149,9 +153,9 @@ class DualCache:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only these canvas rows (e.g. after a request in a batch was cancelled)."""
         self.block_pos = self.block_pos[rows]
-        self.block_attn = self.block_attn[rows]
+        self.block_attn = None if self.block_attn is None else self.block_attn[rows]
         self.ctx_pos = self.ctx_pos[rows]
-        self.ctx_mask = self.ctx_mask[rows]
+        self.ctx_mask = None if self.ctx_mask is None else self.ctx_mask[rows]
         if self.kv is not None:
             self.kv = [(k[rows], v[rows]) for k, v in self.kv]
 

@@ -390,6 +390,10 @@ class Engine:
                   temperature=sc.temperature, absorb_pad=sc.absorb_pad,
                   select_impl=opts.select_impl)
         graphs = self._graphs_for(cv, kw) if use_graphs else None
+        if graphs is None and bool(cv.attn.all()):
+            # no padding anywhere: no attention mask, so SDPA / flash-attn can take their
+            # mask-free kernels (one host check before the loop)
+            cv = cv._replace(attn=None)
         fwd: Any = self.model
         if graphs is None and opts.refresh_every > 1:
             fwd = DualCache(self.model, cv, shift=cfg.shift_logits, refresh_every=opts.refresh_every)
@@ -414,7 +418,7 @@ class Engine:
                 else:
                     keep = [r for r, o in enumerate(owner) if o in active]
                     idx = torch.tensor(keep, device=dev)
-                    cv = Canvas(*(t[idx] for t in cv))
+                    cv = Canvas(*(None if t is None else t[idx] for t in cv))
                     state = DenoiseState(*(t[idx] for t in state))
                     owner = [owner[r] for r in keep]
                     gens = [gens[r] for r in keep]

@@ -271,3 +271,35 @@ def test_static_buffer_loop_freezes_cancelled_rows():
         pre, suf, lens = reqs[i]
         _assert_same(out[i], infill_cached(lm.model, lm.config, pre, suf,
                                            SamplerConfig(steps=5, lengths=lens), refresh_every=2))
+
+
+class _MaskSpy(torch.nn.Module):
+    def __init__(self, inner: Transformer) -> None:
+        super().__init__()
+        self.inner = inner
+        self.masks: list = []
+
+    def forward_hidden(self, ids, attention_mask=None, *a, **kw):
+        self.masks.append(attention_mask)
+        return self.inner.forward_hidden(ids, attention_mask, *a, **kw)
+
+    def head(self, h):
+        return self.inner.head(h)
+
+
+@pytest.mark.parametrize("refresh", [1, 3])
+def test_unpadded_batches_run_without_an_attention_mask(refresh):
+    lm = make_lm(seed=8)
+    spy = _MaskSpy(lm.model)
+    lm_spy = LoadedModel(model=spy, tokenizer=None, config=lm.config, path=Path("."),
+                         provenance={}, device=lm.device, dtype=lm.dtype)
+    eng = Engine(lm_spy, SamplerConfig(steps=4), options=EngineOptions(refresh_every=refresh))
+    pre, suf = [5, 6, 7, 8, 9], [10, 11]
+    one = eng.infill(pre, suf, lengths=(6,))  # one row, no padding
+    assert spy.masks and all(m is None for m in spy.masks)
+    want = infill_cached(lm.model, lm.config, pre, suf, SamplerConfig(steps=4, lengths=(6,)),
+                         refresh_every=refresh)
+    _assert_same(one, want)
+    spy.masks.clear()
+    eng.infill(pre, suf, lengths=(3, 6))  # rows of different lengths: padding, masks needed
+    assert spy.masks and all(m is not None for m in spy.masks)
