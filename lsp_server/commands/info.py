@@ -68,12 +68,27 @@ def provenance_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, A
     return dict(lm.provenance)
 
 
+def step_plan_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's step plan (steps per shape bucket within the latency budget),
+    measured on this device when ``--plan`` is given (it runs the model)."""
+    if not getattr(args, "plan", False):
+        return {}
+    import msgspec
+    from diffill.model.plan import describe_plan, measure_plan
+
+    plan = measure_plan(
+        lm.model, lm.config, budget_ms=args.budget_ms, model_name=str(lm.path), repeats=3
+    )
+    return {"table": describe_plan(plan), **msgspec.to_builtins(plan)}
+
+
 # (name, function); a section returning an empty dict is omitted.
 SECTIONS: list[tuple[str, Section]] = [
     ("model", model_section),
     ("runtime", runtime_section),
     ("special_tokens", special_tokens_section),
     ("provenance", provenance_section),
+    ("step_plan", step_plan_section),
 ]
 
 
@@ -128,6 +143,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="also measure and print the engine's step plan (steps per context x hole "
+        "bucket that fit the latency budget); runs the model for a few seconds",
+    )
+    p.add_argument(
+        "--budget-ms", type=float, default=25.0, help="latency budget for --plan (default 25)"
+    )
     return p
 
 
@@ -141,5 +165,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, sort_keys=False) + "\n")
     else:
+        table = report.get("step_plan", {}).pop("table", None)
+        if table is not None:
+            report["step_plan"] = {"budget_ms": args.budget_ms}
         sys.stdout.write(render_text(report))
+        if table is not None:
+            sys.stdout.write(table + "\n")
     return 0
