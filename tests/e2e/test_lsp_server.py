@@ -40,8 +40,27 @@ FAST = {"diffill": {"steps": 2, "maxTokens": 16, "numCandidates": 3}}
 STEP_DELAY_MS = 100
 SLOW = {"diffill": {"steps": 4, "maxTokens": 16, "numCandidates": 1}}
 
-GREET = "def greet_user(name):\n    message = \"hello \" + name\n    print(message)\n    return message\n"
-ADD = "def add_numbers(a, b):\n    total = a + b\n    return total\n"
+CORPUS = (Path(__file__).resolve().parents[1] / "fixtures" / "micro_corpus.py").read_text()
+
+
+def block(name: str) -> str:
+    """The micro corpus function ``name`` (the unit the micro model memorised), text up to
+    the next blank line."""
+    start = CORPUS.index(f"def {name}(")
+    end = CORPUS.find("\n\n", start)
+    return CORPUS[start:] if end < 0 else CORPUS[start:end + 1]
+
+
+def cut(text: str, line: str, keep: str) -> str:
+    """``text`` with the line whose content is ``line`` replaced by ``keep`` (the cursor
+    goes at its end), indentation kept."""
+    whole = next(ln for ln in text.split("\n") if ln.strip() == line)
+    return text.replace(whole, whole[: whole.index(line)] + keep, 1)
+
+
+GREET = block("greet_user")
+ADD = block("add_numbers")
+SQUARE = block("square_list")
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +209,7 @@ async def test_initialize_capabilities_and_progress(client: LanguageClient):
 
 
 async def test_completion_item_shape(client: LanguageClient):
-    text = ADD.replace("    return total\n", "    return to\n")
+    text = cut(ADD, "return total", "return to")
     uri = open_doc(client, text)
     pos = end_of(text, 2, client.encoding)
     res = await completion(client, uri, pos)
@@ -210,7 +229,7 @@ async def test_completion_item_shape(client: LanguageClient):
 
 async def test_positions_with_emoji_in_each_encoding(client: LanguageClient):
     enc = client.encoding
-    text = "def greet_user(name):\n    message = \"hello 😀\" + na\n"
+    text = cut(GREET, 'message = "hello " + name', 'message = "hello 😀" + na')
     uri = open_doc(client, text)
     line = text.split("\n")[1]
     res = await completion(client, uri, end_of(text, 1, enc))
@@ -233,7 +252,7 @@ async def test_positions_with_emoji_in_each_encoding(client: LanguageClient):
 
 
 async def test_inline_invoked_vs_automatic(client: LanguageClient):
-    text = "def square_list(values):\n    result = \n"
+    text = cut(SQUARE, "result = [v * v for v in values]", "result = ")
     uri_a = open_doc(client, text)
     uri_b = open_doc(client, text)
     pos = end_of(text, 1, client.encoding)
@@ -247,7 +266,7 @@ async def test_inline_invoked_vs_automatic(client: LanguageClient):
 
 
 async def test_selected_completion_info(client: LanguageClient):
-    text = "def greet_user(name):\n    mess\n"
+    text = cut(GREET, 'message = "hello " + name', "mess")
     uri = open_doc(client, text)
     pos = end_of(text, 1, client.encoding)
     sel = types.SelectedCompletionInfo(
@@ -311,7 +330,7 @@ async def test_document_change_cancels_running_request(slow: LanguageClient):
 
 
 async def test_typed_ahead_answers_without_model_call(slow: LanguageClient):
-    text = "def greet_user(name):\n    message = \n"
+    text = cut(GREET, 'message = "hello " + name', "message = ")
     uri = open_doc(slow, text)
     pos = end_of(text, 1, "utf-16")
     first = await inline(slow, uri, pos)
@@ -332,7 +351,7 @@ async def test_typed_ahead_answers_without_model_call(slow: LanguageClient):
 
 async def test_completion_and_inline_together_one_model_call(slow: LanguageClient):
     # VS Code asks for both on a keystroke: neither cancels the other, one model call serves both
-    text = "def greet_user(name):\n    message = \n"
+    text = cut(GREET, 'message = "hello " + name', "message = ")
     uri = open_doc(slow, text)
     pos = end_of(text, 1, "utf-16")
     before = await status(slow)
