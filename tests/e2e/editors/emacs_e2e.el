@@ -1,0 +1,165 @@
+;;; emacs_e2e.el --- batch end-to-end run of editors/emacs/diffill.el  -*- lexical-binding: t; -*-
+
+;; emacs --batch -l emacs_e2e.el   with $DIFFILL_E2E_CONFIG = path of a JSON file:
+;;   {plugin_dir, cmd, settings, file, result,
+;;    completion: {row, col}, ghost: {row, col, type}}     (0-based rows, character columns)
+;; Writes a JSON result; every check is made by the pytest side.  Exit 0 = the run completed.
+
+;;; Code:
+
+(require 'package)
+(package-activate-all)                  ; Debian's elpa-eglot lives in site-lisp/elpa
+(require 'eglot)
+(require 'json)
+
+(defvar e2e-cfg (json-read-file (getenv "DIFFILL_E2E_CONFIG")))
+(defun e2e-get (obj &rest keys)
+  (dolist (k keys obj) (setq obj (alist-get k obj))))
+(defvar e2e-result nil "Alist written as JSON at the end.")
+(defvar e2e-t0 (float-time))
+(defun e2e-ms () (round (* 1000 (- (float-time) e2e-t0))))
+(defun e2e-put (key value) (setf (alist-get key e2e-result) value))
+
+(defun e2e-finish (ok &optional err)
+  (e2e-put 'ok (if ok t :json-false))
+  (when err (e2e-put 'error err))
+  (e2e-put 'total_ms (e2e-ms))
+  (when err (message "e2e error: %s" err))
+  (let ((ev (ignore-errors (jsonrpc-events-buffer (eglot-current-server)))))
+    (when (and ev (not ok))
+      (e2e-put 'events (with-current-buffer ev
+                         (buffer-substring-no-properties (max (point-min) (- (point-max) 20000))
+                                                         (point-max))))))
+  (with-temp-file (e2e-get e2e-cfg 'result)
+    (insert (json-encode e2e-result)))
+  (kill-emacs (if ok 0 1)))
+
+(defun e2e-wait (what pred &optional timeout explain)
+  "Run timers and process output until PRED is non-nil; fail after TIMEOUT seconds.
+EXPLAIN, if given, returns a string added to the failure message."
+  (let ((deadline (+ (float-time) (or timeout 60))))
+    (while (not (funcall pred))
+      (when (> (float-time) deadline)
+        (e2e-finish nil (format "timeout waiting for %s%s" what
+                                (if explain (format " (%s)" (ignore-errors (funcall explain))) ""))))
+      (accept-process-output nil 0.02))))
+
+(defun e2e-raw-inline ()
+  "The server's inline completion answer at point (automatic trigger), as JSON."
+  (json-encode (jsonrpc-request (eglot-current-server) :textDocument/inlineCompletion
+                                (append (eglot--TextDocumentPositionParams)
+                                        '(:context (:triggerKind 2))))))
+
+(defun e2e-goto (row col)
+  (goto-char (point-min))
+  (forward-line row)
+  (forward-char (min col (- (line-end-position) (point)))))
+
+(defun e2e-line ()
+  (buffer-substring-no-properties (line-beginning-position) (line-end-position)))
+
+(condition-case err
+    (progn
+      (add-to-list 'load-path (e2e-get e2e-cfg 'plugin_dir))
+      (require 'diffill)
+      (e2e-put 'emacs emacs-version)
+      (e2e-put 'eglot (file-name-directory (locate-library "eglot")))
+      (setq diffill-server-command (append (e2e-get e2e-cfg 'cmd) nil)
+            diffill-server-options
+            (json-parse-string (json-encode (e2e-get e2e-cfg 'settings))
+                               :object-type 'plist :false-object :json-false)
+            eglot-sync-connect t
+            eglot-connect-timeout 120
+            eglot-autoshutdown t
+            diffill-inline-delay 0.05)
+      (diffill-setup)
+      (find-file (e2e-get e2e-cfg 'file))
+      (apply #'eglot (eglot--guess-contact))
+      (unless (diffill--server) (e2e-finish nil "no diffill server"))
+      (e2e-put 'connected_ms (e2e-ms))
+      ;; The server loads the model after `initialized'; until then it answers with nothing.
+      (e2e-wait "model loaded (diffill/status)"
+                (lambda ()
+                  (let ((st (diffill-status)))
+                    (when (stringp (plist-get st :error))
+                      (e2e-finish nil (format "model failed to load: %s" (plist-get st :error))))
+                    (or (eq (plist-get st :loaded) t)
+                        (progn (sleep-for 0.2) nil))))
+                180)
+      (e2e-put 'loaded_ms (e2e-ms))
+      (e2e-put 'managed (if eglot--managed-mode t :json-false))
+      (e2e-put 'inline_mode (if diffill-inline-mode t :json-false))
+
+      ;; 1) completion-at-point (eglot's capf) inserts the server's completion.
+      (let ((c (e2e-get e2e-cfg 'completion)))
+        (when c
+          (e2e-goto (alist-get 'row c) (alist-get 'col c))
+          (let ((raw (jsonrpc-request (eglot-current-server) :textDocument/completion
+                                      (append (eglot--TextDocumentPositionParams)
+                                              '(:context (:triggerKind 1)))))
+                (line-before (e2e-line))
+                (capf (eglot-completion-at-point)))
+            (when (seq-empty-p (plist-get raw :items))
+              (e2e-finish nil "the server suggested nothing at the completion position"))
+            (e2e-put 'completion
+                     `((line_before . ,line-before)
+                       (raw . ,raw)
+                       (candidates . ,(vconcat
+                                       (mapcar #'substring-no-properties
+                                               (all-completions
+                                                (buffer-substring-no-properties (nth 0 capf) (point))
+                                                (nth 2 capf)))))))
+            (let ((t1 (e2e-ms)))
+              (diffill-inline-dismiss)
+              (completion-at-point)
+              (e2e-put 'completion
+                       (append (alist-get 'completion e2e-result)
+                               `((line_after . ,(e2e-line))
+                                 (buffer_after . ,(buffer-substring-no-properties (point-min) (point-max)))
+                                 (ms . ,(- (e2e-ms) t1)))))))))
+
+      ;; 2) diffill-inline-mode: typing shows an overlay; TAB accepts it.
+      (let* ((g (e2e-get e2e-cfg 'ghost)))
+        (e2e-goto (alist-get 'row g) (alist-get 'col g))
+        (diffill-inline-dismiss)
+        (let ((line-before (e2e-line))
+              (t1 (e2e-ms)))
+          (execute-kbd-macro (alist-get 'type g)) ; self-insert-command, as if typed
+          (e2e-wait "ghost text" #'diffill-inline-suggestion 120
+                    (lambda () (concat "the server answers " (e2e-raw-inline) " at point")))
+          (let* ((ov (cl-find-if (lambda (o) (overlay-get o 'diffill))
+                                 (overlays-in (point-min) (point-max))))
+                 (shown (substring-no-properties (overlay-get ov 'after-string)))
+                 (raw (jsonrpc-request (eglot-current-server) :textDocument/inlineCompletion
+                                       (append (eglot--TextDocumentPositionParams)
+                                               '(:context (:triggerKind 2)))))
+                 (before (buffer-substring-no-properties (point-min) (point-max)))
+                 (point-before (1- (point))))
+            (e2e-put 'ghost
+                     `((ms . ,(- (e2e-ms) t1))
+                       (line_before . ,line-before)
+                       (line_typed . ,(e2e-line))
+                       (overlay_at . ,(1- (overlay-start ov)))
+                       (shown . ,shown)
+                       (suggestion . ,(diffill-inline-suggestion))
+                       (raw . ,raw)
+                       (buffer_before_accept . ,before)
+                       (point_before_accept . ,point-before)))
+            (execute-kbd-macro (kbd "TAB"))
+            (e2e-put 'ghost
+                     (append (alist-get 'ghost e2e-result)
+                             `((buffer_after_accept . ,(buffer-substring-no-properties (point-min) (point-max)))
+                               (point_after_accept . ,(1- (point)))
+                               (overlay_after_accept . ,(if (diffill-inline-visible-p) t :json-false))))))))
+      (e2e-put 'status (diffill-status))
+      ;; diffill-toggle pushes enabled=false with workspace/didChangeConfiguration.
+      (diffill-toggle)
+      (e2e-wait "toggle reaches the server"
+                (lambda () (eq (plist-get (plist-get (diffill-status) :options) :enabled) :json-false))
+                10)
+      (e2e-put 'toggled_off t)
+      (set-buffer-modified-p nil)
+      (e2e-finish t))
+  (error (e2e-finish nil (format "%S" err))))
+
+;;; emacs_e2e.el ends here

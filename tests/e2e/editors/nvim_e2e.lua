@@ -1,0 +1,261 @@
+-- Headless Neovim end-to-end run of editors/nvim against a real `diffill serve`.
+--   nvim --headless --clean -u nvim_e2e.lua      with $DIFFILL_E2E_CONFIG = path of a JSON file:
+--   { plugin_dir, cmd, settings, file, result,
+--     completion = { row, col },            -- 0-based row, byte col: insert position
+--     ghost = { row, col, type } }          -- insert position, then `type` is typed
+-- Writes a JSON result; every check is made by the pytest side. Exit 0 = the run completed.
+--
+-- Typeahead (feedkeys) runs only when control returns to the main loop, so the steps are chained
+-- with vim.defer_fn polls, never vim.wait, whenever Insert mode is involved.
+local cfg = vim.json.decode(table.concat(vim.fn.readfile(os.getenv('DIFFILL_E2E_CONFIG')), '\n'))
+local R = { nvim = tostring(vim.version()), steps = {} }
+local t0 = vim.uv.hrtime()
+local function ms()
+  return math.floor((vim.uv.hrtime() - t0) / 1e6)
+end
+
+local function finish(ok, err)
+  R.ok, R.error, R.total_ms = ok, err, ms()
+  vim.fn.writefile({ vim.json.encode(R) }, cfg.result)
+  vim.cmd(ok and 'qa!' or 'cq!')
+end
+vim.defer_fn(function()
+  finish(false, 'watchdog timeout')
+end, cfg.timeout_ms or 90000)
+
+--- Call k(v) once cond() returns a truthy v; on timeout fail, with explain() appended if given.
+local function poll(what, cond, k, timeout, explain)
+  local deadline = ms() + (timeout or 30000)
+  local function tick()
+    local ok, v = pcall(cond)
+    if not ok then
+      return finish(false, what .. ': ' .. tostring(v))
+    end
+    if v then
+      local ok2, e = pcall(k, v)
+      if not ok2 then
+        finish(false, what .. ' (continuation): ' .. tostring(e))
+      end
+      return
+    end
+    if ms() > deadline then
+      local why = explain and select(2, pcall(explain)) or nil
+      return finish(false, 'timeout waiting for ' .. what .. (why and (' (' .. tostring(why) .. ')') or ''))
+    end
+    vim.defer_fn(tick, 20)
+  end
+  tick()
+end
+
+vim.o.showmode = false
+vim.o.swapfile = false
+vim.opt.shortmess:append('c')
+vim.o.completeopt = 'menuone,noinsert'
+vim.opt.rtp:prepend(cfg.plugin_dir)
+require('diffill').setup({
+  cmd = cfg.cmd,
+  filetypes = { 'python' },
+  settings = cfg.settings,
+  autotrigger = false,
+})
+R.inline_module = vim.lsp.inline_completion ~= nil
+
+local bufnr, client
+
+local function line(row)
+  return vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1]
+end
+
+--- Enter Insert mode with the cursor at byte `col` of `row` (0-based), then call k.
+local function insert_at(row, col, k)
+  local function enter()
+    local text = line(row)
+    if col >= #text then
+      vim.api.nvim_win_set_cursor(0, { row + 1, 0 })
+      vim.api.nvim_feedkeys('A', 'n', false)
+    else
+      vim.api.nvim_win_set_cursor(0, { row + 1, col })
+      vim.api.nvim_feedkeys('i', 'n', false)
+    end
+    poll('insert mode', function()
+      return vim.api.nvim_get_mode().mode == 'i'
+    end, k, 5000)
+  end
+  if vim.api.nvim_get_mode().mode == 'n' then
+    return enter()
+  end
+  vim.api.nvim_feedkeys(vim.keycode('<Esc>'), 'n', false)
+  poll('normal mode', function()
+    return vim.api.nvim_get_mode().mode == 'n'
+  end, enter, 5000)
+end
+
+local function raw(method, row, col, extra)
+  local params = {
+    textDocument = { uri = vim.uri_from_bufnr(bufnr) },
+    position = { line = row, character = vim.str_utfindex(line(row), client.offset_encoding, col, false) },
+  }
+  for k, v in pairs(extra or {}) do
+    params[k] = v
+  end
+  local res = client:request_sync(method, params, 30000, bufnr)
+  return res and res.result, res and res.err
+end
+
+local function ghost_extmarks()
+  local ns = vim.api.nvim_get_namespaces()['diffill.ghost']
+  if not ns then
+    return {}
+  end
+  return vim.api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })
+end
+
+-- Step 2: ghost text from textDocument/inlineCompletion, accepted with the plugin's key.
+local function ghost_step()
+  local g = cfg.ghost
+  insert_at(g.row, g.col, function()
+    local before = line(g.row)
+    local typed_at = ms()
+    vim.api.nvim_feedkeys(g.type, 'nt', false) -- as if typed: TextChangedI fires
+    local function explain()
+      local cur = vim.api.nvim_win_get_cursor(0)
+      local res = raw('textDocument/inlineCompletion', cur[1] - 1, cur[2], { context = { triggerKind = 2 } })
+      return 'the server answers ' .. vim.json.encode(res or vim.NIL) .. ' at the cursor'
+    end
+    poll('ghost text', function()
+      return #ghost_extmarks() > 0 and require('diffill').suggestion() ~= nil
+    end, function()
+      R.steps.ghost_ms = ms() - typed_at
+      local marks = ghost_extmarks()
+      local d = marks[1][4]
+      local shown = {}
+      for _, chunk in ipairs(d.virt_text or {}) do
+        if chunk[2] == 'DiffillGhost' then
+          shown[#shown + 1] = chunk[1]
+        end
+      end
+      local shown_lines = { table.concat(shown) }
+      for _, vl in ipairs(d.virt_lines or {}) do
+        local parts = {}
+        for _, chunk in ipairs(vl) do
+          if chunk[2] == 'DiffillGhost' then
+            parts[#parts + 1] = chunk[1]
+          end
+        end
+        shown_lines[#shown_lines + 1] = table.concat(parts)
+      end
+      local cur = vim.api.nvim_win_get_cursor(0)
+      R.ghost = {
+        line_before = before,
+        line_typed = line(g.row),
+        cursor = { cur[1] - 1, cur[2] },
+        extmark = { row = marks[1][2], col = marks[1][3], virt_text_pos = d.virt_text_pos },
+        shown = table.concat(shown_lines, '\n'),
+        suggestion = require('diffill').suggestion(),
+      }
+      -- What the server answers at this very position (automatic trigger, like the plugin).
+      R.ghost.raw = raw('textDocument/inlineCompletion', cur[1] - 1, cur[2], { context = { triggerKind = 2 } })
+      R.ghost.buffer_before_accept = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+      vim.api.nvim_feedkeys(vim.keycode(cfg.accept_key or '<Tab>'), 'mt', false) -- remap: the plugin's mapping
+      poll('buffer change after accept', function()
+        return require('diffill').suggestion() == nil
+          and not vim.deep_equal(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false), R.ghost.buffer_before_accept)
+      end, function()
+        R.ghost.buffer_after_accept = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+        local c = vim.api.nvim_win_get_cursor(0)
+        R.ghost.cursor_after_accept = { c[1] - 1, c[2] }
+        R.status = require('diffill').status()
+        -- :DiffillToggle pushes enabled=false with workspace/didChangeConfiguration.
+        vim.cmd('DiffillToggle')
+        poll('toggle reaches the server', function()
+          local st = require('diffill').status()
+          return st and st.options and st.options.enabled == false
+        end, function()
+          R.toggled_off = true
+          finish(true)
+        end, 10000)
+      end, 10000)
+    end, 60000, explain)
+  end)
+end
+
+-- Step 1: completion item through vim.lsp.completion, accepted with <C-y>.
+local function completion_step()
+  local c = cfg.completion
+  insert_at(c.row, c.col, function()
+    R.completion = { line_before = line(c.row) }
+    -- The plain request first: fails fast when the model has nothing to say here, and the
+    -- menu's request below then gets the same answer (the server caches it).
+    local cur0 = vim.api.nvim_win_get_cursor(0)
+    R.completion.raw = raw('textDocument/completion', cur0[1] - 1, cur0[2], { context = { triggerKind = 1 } })
+    if #((R.completion.raw or {}).items or R.completion.raw or {}) == 0 then
+      return finish(false, 'the server suggested nothing at the completion position')
+    end
+    local t = ms()
+    vim.lsp.completion.get() -- what <C-x><C-o> does with the LSP omnifunc
+    poll('completion menu', function()
+      return #vim.fn.complete_info({ 'items' }).items > 0
+    end, function()
+      R.steps.completion_menu_ms = ms() - t
+      local items = vim.fn.complete_info({ 'items' }).items
+      R.completion.menu = vim.tbl_map(function(i)
+        local lsp_item = vim.tbl_get(i, 'user_data', 'nvim', 'lsp', 'completion_item') or {}
+        return { word = i.word, newText = lsp_item.textEdit and lsp_item.textEdit.newText, label = lsp_item.label }
+      end, items)
+      local done = false
+      vim.api.nvim_create_autocmd('CompleteDone', {
+        once = true,
+        buffer = bufnr,
+        callback = function()
+          done = true
+        end,
+      })
+      vim.api.nvim_feedkeys(vim.keycode('<C-y>'), 'n', false) -- accept the selected (first) item
+      poll('CompleteDone', function()
+        return done and vim.fn.pumvisible() == 0
+      end, function()
+        vim.defer_fn(function() -- the textEdit is applied right after CompleteDone
+          R.completion.line_after = line(c.row)
+          R.completion.buffer_after = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+          ghost_step()
+        end, 50)
+      end, 10000)
+    end, 60000)
+  end)
+end
+
+vim.api.nvim_create_autocmd('VimEnter', {
+  nested = true, -- so that BufRead/FileType (and vim.lsp.enable's autostart) fire
+  callback = function()
+    vim.cmd.edit(cfg.file)
+    bufnr = vim.api.nvim_get_current_buf()
+    R.filetype = vim.bo[bufnr].filetype
+    poll('diffill client attached', function()
+      local c = vim.lsp.get_clients({ bufnr = bufnr, name = 'diffill' })[1]
+      return c and c.initialized and c
+    end, function(c)
+      client = c
+      R.steps.attached_ms = ms()
+      R.offset_encoding = c.offset_encoding
+      R.capabilities = {
+        completion = c:supports_method('textDocument/completion'),
+        inline = c:supports_method('textDocument/inlineCompletion'),
+      }
+      -- The server loads the model after `initialized`; until then it answers with nothing.
+      poll('model loaded (diffill/status)', function()
+        local st = require('diffill').status()
+        if st and st.error ~= vim.NIL and st.error ~= nil then
+          error('model failed to load: ' .. tostring(st.error))
+        end
+        return st and st.loaded == true
+      end, function()
+        R.steps.loaded_ms = ms()
+        if cfg.completion then
+          completion_step()
+        else
+          ghost_step()
+        end
+      end, 120000)
+    end, 60000)
+  end,
+})

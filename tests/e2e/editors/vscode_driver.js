@@ -1,0 +1,146 @@
+// Drives code-server (VS Code OSS in the browser) through Debian's chromium with playwright-core,
+// like a user: open the file with Quick Open, type at the end of a line, wait until ghost text
+// is shown in the DOM, take a screenshot, press Tab, and read the document back.
+//
+// The diffill extension, when DIFFILL_VSCODE_TRACE is set in code-server's environment, appends
+// JSON lines to that file: what each inline completion request returned (`inline`), every
+// document change (`text`) and the status bar refreshes (`status`). This script reads them to
+// know what the server suggested and what ended up in the document.
+//
+// Usage: node vscode_driver.js CONFIG.json      (exit 0: the run completed; the checks are pytest's)
+// CONFIG: { url, chromium, fileName, line, col (0-based), typeText, trace, result, screenshot, timeoutMs }
+'use strict';
+const fs = require('fs');
+const { chromium } = require('playwright-core');
+
+const cfg = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const t0 = Date.now();
+const ms = () => Date.now() - t0;
+const R = { steps: {} };
+
+function traceEvents() {
+  if (!fs.existsSync(cfg.trace)) return [];
+  return fs
+    .readFileSync(cfg.trace, 'utf8')
+    .split('\n')
+    .filter((l) => l.trim())
+    .map((l) => JSON.parse(l));
+}
+
+async function until(what, fn, timeoutMs) {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timeout waiting for ${what}`);
+    await sleep(25);
+  }
+}
+
+const GHOST = '.ghost-text-decoration, .ghost-text';
+
+(async () => {
+  const browser = await chromium.launch({
+    executablePath: cfg.chromium || '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
+  });
+  const page = await browser.newPage({ viewport: { width: 860, height: 400 } });
+  page.on('pageerror', (e) => console.log('pageerror', String(e).slice(0, 200)));
+  try {
+    await page.goto(cfg.url);
+    await page.waitForSelector('.monaco-workbench', { timeout: cfg.timeoutMs });
+    R.steps.workbench = ms();
+    // The extension is active, its server initialized and the model loaded (diffill/status).
+    await until('model loaded', () => traceEvents().some((e) => e.event === 'status' && e.status && e.status.loaded),
+      cfg.timeoutMs);
+    R.steps.serverUp = ms();
+    // Hide the side bar (the explorer opens with the folder): more room for the editor.
+    if (await page.$('.part.sidebar.visible, .part.sidebar:not(.hidden)')) {
+      await page.keyboard.press('Control+B');
+    }
+
+    // Quick Open -> file name -> Enter, as a user would.
+    await page.keyboard.press('Control+P');
+    await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
+    await page.keyboard.type(cfg.fileName, { delay: 10 });
+    await until('quick open result', () => page.$('.quick-input-list .monaco-list-row'), 10000);
+    await page.keyboard.press('Enter');
+    await page.waitForSelector('.editor-instance .monaco-editor .view-lines', { timeout: 10000 });
+    await until('editor focus', () => page.evaluate(() => !!document.activeElement?.closest('.monaco-editor')), 10000);
+    R.steps.fileOpen = ms();
+
+    // Go to line:column (Ctrl+G, 1-based) and type there.
+    await page.keyboard.press('Control+G');
+    await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
+    await page.keyboard.type(`${cfg.line + 1}:${cfg.col + 1}`);
+    await page.keyboard.press('Enter');
+    await until('cursor placed', () => page.evaluate(() => !!document.activeElement?.closest('.monaco-editor')), 10000);
+    const nInline = traceEvents().filter((e) => e.event === 'inline').length;
+    const typedAt = ms();
+    await page.keyboard.type(cfg.typeText, { delay: 40 });
+
+    // Ghost text in the DOM, then the inline item that produced it (from the trace).
+    // Ghost text pieces in document order (outermost matching elements only): VS Code draws
+    // the first line as inline decorations (possibly several spans) and further lines in a
+    // view zone below.
+    const readGhost = () => page.$$eval(GHOST, (els, sel) => els
+      .filter((e) => !e.parentElement || !e.parentElement.closest(sel))
+      .map((e) => e.textContent.replace(/\u00a0/g, ' ')), GHOST);
+    await until('ghost text in the DOM', async () => (await readGhost()).join('').trim(), cfg.timeoutMs)
+      .catch((e) => {
+        const last = traceEvents().filter((x) => x.event === 'inline').pop();
+        throw new Error(`${e.message} (last inline answer: ${JSON.stringify(last || null)})`);
+      });
+    R.ghostMs = ms() - typedAt;
+    await sleep(150); // let VS Code settle (it may re-render once after the item arrived)
+    R.ghostDom = await readGhost();
+    const inline = traceEvents().filter((e) => e.event === 'inline');
+    R.inlineRequests = inline.length - nInline;
+    R.shownItem = [...inline].reverse().find((e) => e.items.length > 0) || null;
+    const texts = traceEvents().filter((e) => e.event === 'text');
+    R.textBeforeAccept = texts.length ? texts[texts.length - 1].text : null;
+    if (cfg.screenshot) await page.screenshot({ path: cfg.screenshot });
+    R.statusBar = await page.$$eval('.statusbar-item', (els) =>
+      els.map((e) => e.textContent.trim()).filter((t) => t.includes('diffill')));
+
+    // Accept with Tab, in the browser.
+    const nText = texts.length;
+    await page.keyboard.press('Tab');
+    const after = await until('document change after Tab', () => {
+      const t = traceEvents().filter((e) => e.event === 'text');
+      return t.length > nText ? t[nText] : null;
+    }, 10000);
+    R.textAfterAccept = after.text;
+    R.acceptMs = ms();
+
+    // "diffill: Toggle" from the command palette: the setting flips, the extension pushes it
+    // with workspace/didChangeConfiguration and the status bar says off.
+    await page.keyboard.press('Escape');
+    await page.keyboard.press('Control+Shift+P');
+    await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
+    await page.keyboard.type('diffill: Toggle', { delay: 10 });
+    await until('command in the palette', () => page.$('.quick-input-list .monaco-list-row'), 10000);
+    await page.keyboard.press('Enter');
+    const off = await until('status after toggle', () =>
+      traceEvents().find((e) => e.event === 'status' && e.on === false && e.status && e.status.options), 10000);
+    R.serverEnabledAfterToggle = off.status.options.enabled;
+    R.statusBarAfterToggle = await until('status bar says off', async () => {
+      const t = await page.$$eval('.statusbar-item', (els) => els.map((e) => e.textContent.trim()));
+      return t.find((x) => x.includes('diffill off')) || null;
+    }, 10000);
+    R.ok = true;
+  } catch (e) {
+    R.ok = false;
+    R.error = String(e && e.stack ? e.stack : e);
+    await page.screenshot({ path: cfg.result.replace(/\.json$/, '-failure.png') }).catch(() => undefined);
+  } finally {
+    R.totalMs = ms();
+    fs.writeFileSync(cfg.result, JSON.stringify(R, null, 1));
+    await browser.close();
+  }
+})().catch((e) => {
+  console.error('DRIVER FAIL', e);
+  process.exit(2);
+});

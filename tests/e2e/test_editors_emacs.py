@@ -1,0 +1,105 @@
+"""Emacs 28 + eglot 1.9 (batch) with editors/emacs/diffill.el against the real ``diffill serve``
++ micro model.
+
+One run of ``tests/e2e/editors/emacs_e2e.el``:
+1. ``completion-at-point`` (eglot's capf) inserts the server's completion item;
+2. ``diffill-inline-mode`` shows the server's inline completion as an overlay after typing,
+   and TAB (through the mode's key map) inserts it.
+The buffer must then hold exactly what the server suggests for that position, which the
+script also asks for with a plain request of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
+import editor_harness as h  # noqa: E402
+
+EMACS = shutil.which("emacs")
+
+
+def _has_eglot() -> bool:
+    if not EMACS:
+        return False
+    p = subprocess.run(
+        [EMACS, "--batch", "--eval", "(progn (require 'package) (package-activate-all) (require 'eglot))"],
+        capture_output=True, text=True, timeout=60,
+    )
+    return p.returncode == 0
+
+
+pytestmark = pytest.mark.e2e
+
+COMPLETE_AFTER = "    total = "
+GHOST_LINE = "    result = ["
+GHOST_TYPE = "v"
+
+
+def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_path: Path) -> None:
+    h.need(EMACS is not None, f"Emacs not installed ({h.INSTALL_HINT})")
+    h.need(_has_eglot(), f"eglot not installed ({h.INSTALL_HINT})")
+    assert EMACS is not None
+    work = tmp_path / "work"
+    work.mkdir()
+    doc = work / "demo.py"
+    text = h.SAMPLE
+    doc.write_text(text)
+    c_row, c_col = h.position_of(text, COMPLETE_AFTER)
+    g_row, g_col = h.position_of(text, GHOST_LINE)
+    result = tmp_path / "result.json"
+    cfg = {
+        "plugin_dir": str(h.EDITORS / "emacs"),
+        "cmd": h.diffill_serve_cmd(),
+        # One candidate: completion-at-point then inserts it (several would open *Completions*).
+        "settings": {"modelPath": str(micro_model_dir), "device": "cpu", "numCandidates": 1},
+        "file": str(doc),
+        "result": str(result),
+        "completion": {"row": c_row, "col": c_col},
+        "ghost": {"row": g_row, "col": g_col, "type": GHOST_TYPE},
+    }
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    with h.isolated_env(tmp_path, DIFFILL_E2E_CONFIG=str(tmp_path / "cfg.json")) as env:
+        p = subprocess.run(
+            [EMACS, "--batch", "-l", str(h.DRIVERS / "emacs_e2e.el")],
+            capture_output=True, text=True, timeout=240, env=env, cwd=work,
+        )
+    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    r = json.loads(result.read_text())
+    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{r.get('events', '')[-3000:]}"
+    assert r["managed"] is True and r["inline_mode"] is True
+    assert r["emacs"].startswith("28.") or r["emacs"] >= "28"
+
+    # 1) completion-at-point inserted the server's item (its textEdit) at point.
+    comp = r["completion"]
+    raw = h.first_items(comp["raw"])
+    assert len(raw) == 1, raw
+    new_text = raw[0]["textEdit"]["newText"]
+    assert new_text.strip()
+    assert comp["line_before"] == text.split("\n")[c_row]
+    assert new_text in comp["candidates"] or raw[0]["label"] in comp["candidates"]
+    assert comp["buffer_after"] == h.apply_edit(text, raw[0]["textEdit"]["range"], new_text)
+
+    # 2) diffill-inline-mode: overlay with the server's inline item; TAB inserted exactly it.
+    g = r["ghost"]
+    items = h.first_items(g["raw"])
+    assert items, "the server suggested nothing at the ghost text position"
+    item = items[0]
+    assert item["insertText"].strip()
+    assert g["line_typed"] == g["line_before"][:g_col] + GHOST_TYPE + g["line_before"][g_col:]
+    assert g["overlay_at"] == g["point_before_accept"]
+    assert g["suggestion"] == item["insertText"]
+    assert g["shown"].startswith(item["insertText"])  # then an "(i/n)" hint when n > 1
+    before = g["buffer_before_accept"]
+    after = h.apply_edit(before, item["range"], item["insertText"])
+    assert g["buffer_after_accept"] == after
+    assert g["point_after_accept"] == g["point_before_accept"] + len(item["insertText"])
+    assert g["overlay_after_accept"] is False
+    assert r["status"]["loaded"] is True
+    assert r["toggled_off"] is True  # diffill-toggle -> didChangeConfiguration -> enabled false
