@@ -95,6 +95,22 @@ class DiffillProtocol(LanguageServerProtocol):
         self.rejected: dict[int, int] = {}
         """error code -> how many messages got it (diffill/status, tests)."""
 
+    # -- pygls bookkeeping --------------------------------------------------------------------
+    def _execute_handler(self, msg_id: Any, handler: Any, callback: Any,
+                         args: Any = None, kwargs: Any = None) -> None:
+        """pygls keeps the future of every notification handled by a generator or a
+        coroutine (``didOpen``/``didChange``/``didClose`` go through generators) in
+        ``_request_futures`` under a fresh uuid and never removes it: one future per
+        keystroke, forever (found by the soak test: RSS +4 MiB per 1000 requests). Drop
+        the entry when the future is done, whatever pygls's callback does."""
+
+        def done(future: Any) -> None:
+            if self._request_futures.get(msg_id) is future:
+                del self._request_futures[msg_id]
+            callback(future)
+
+        super()._execute_handler(msg_id, handler, done, args, kwargs)
+
     # -- answers ----------------------------------------------------------------------------
     def send_error(self, msg_id: Any, code: int, message: str) -> None:
         self.rejected[code] = self.rejected.get(code, 0) + 1

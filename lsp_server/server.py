@@ -345,9 +345,9 @@ class DiffillServer(LanguageServer):
         except asyncio.CancelledError:
             self.stats.count("cancelled")
             raise
-        except BackendError as e:
+        except BackendError as e:  # e.g. the remote endpoint is down: tell the user once
             self.stats.count("errors")
-            log.warning("backend error: %s", e)
+            self.report_model_error(e, "backend error")
             return []
         except Exception as e:  # the model failed (out of memory, ...): tell the user, stay up
             self.stats.count("errors")
@@ -364,9 +364,10 @@ class DiffillServer(LanguageServer):
         self._log_result(prep, res, model_ms)
         return sugg
 
-    def report_model_error(self, e: BaseException) -> None:
+    def report_model_error(self, e: BaseException, what: str = "model error") -> None:
         """A model call raised: log it and show it (not again while the same error repeats)."""
-        msg = f"diffill: model error: {type(e).__name__}: {e}"[:500]
+        msg = (f"diffill: {what}: {e}" if isinstance(e, BackendError)
+               else f"diffill: {what}: {type(e).__name__}: {e}")[:500]
         log.error("%s", msg)
         if msg != self._last_error_shown:
             self._last_error_shown = msg
@@ -412,6 +413,7 @@ class DiffillServer(LanguageServer):
             "position_encoding": _encoding_name(self.workspace.position_encoding),
             "last_context": self.last_context,
             "rejected_messages": {str(k): v for k, v in getattr(self.protocol, "rejected", {}).items()},
+            "in_flight": len(getattr(self.protocol, "_request_futures", {})),
             "options": self._options_wire(),
             **self.stats.summary(),
         }

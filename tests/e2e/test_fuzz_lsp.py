@@ -59,6 +59,7 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     st_ = c.wait_loaded()
     assert st_["loaded"], st_
     yield c
+    assert c.request("diffill/status")["result"]["in_flight"] == 0  # nothing left behind
     assert c.shutdown() == 0
     assert c.proc.returncode == 0
 

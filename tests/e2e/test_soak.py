@@ -189,7 +189,9 @@ def test_soak(model_dir: Path, tmp_path: Path, capsys):
               f"superseded answered empty; {counts['cancelled']} RequestCancelled; "
               f"{counts['typeahead']} typed-ahead cache answers; {counts['non_empty']} non-empty "
               f"answers; server RSS mean over the first 1000 requests {first_mib:.1f} MiB, "
-              f"last 1000 {last_mib:.1f} MiB (growth {last_mib - first_mib:+.1f} MiB); "
+              f"last 1000 {last_mib:.1f} MiB (growth {last_mib - first_mib:+.1f} MiB); RSS every 1000 requests (MiB): "
+              f"{[round(kib / 1024, 1) for k, kib in rss if k % 1000 < 100]}; "
               f"status counters {counters}")
     assert counts["superseded_empty"] > 0 and counts["cancelled"] > 0
+    assert final["in_flight"] == 0  # no handler future left behind (pygls kept one per didChange)
     assert last_mib - first_mib < max(32.0, 0.15 * first_mib), "server memory keeps growing"
