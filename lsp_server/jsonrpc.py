@@ -41,6 +41,7 @@ Nothing here logs message contents (they hold buffer text).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -344,7 +345,9 @@ def start_tcp(server: Any, host: str, port: int,
 
     async def connection(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         server.protocol.set_writer(w)
-        await read_messages(StreamLineReader(r), server.protocol, stop)
+        # the ``exit`` notification raises SystemExit here: end serve_forever, not just this task
+        with contextlib.suppress(SystemExit):
+            await read_messages(StreamLineReader(r), server.protocol, stop)
         server.shutdown()
 
     async def main() -> None:

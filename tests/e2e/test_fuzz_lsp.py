@@ -350,3 +350,49 @@ def test_ten_megabyte_document_is_cut_to_the_budget(server: RawClient, model_dir
               f"{statistics.median(timings['small']) * 1000:.1f} ms, 10 MB doc "
               f"{statistics.median(timings['big']) * 1000:.1f} ms, ratio {ratio:.2f}")
 
+
+
+def test_tcp_transport_has_the_same_framing(model_dir: Path, tmp_path: Path):
+    """``diffill serve --tcp``: garbage, a request before initialize, a bad header, then a
+    clean shutdown/exit (exit code 0)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "diffill.lsp_server.cli", "serve", "--model",
+                             str(model_dir), "--tcp", f"127.0.0.1:{port}"], env=server_env(),
+                            stderr=open(tmp_path / "tcp.err", "wb"))  # noqa: SIM115
+    try:
+        for _ in range(300):
+            try:
+                conn = socket.create_connection(("127.0.0.1", port))
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("the TCP server did not listen")
+        msg = {"jsonrpc": "2.0", "id": 1, "method": "diffill/status"}
+        conn.sendall(frame(b"{bad") + frame(encode(msg))
+                     + frame(encode({"jsonrpc": "2.0", "id": 2, "method": "initialize",
+                                     "params": {"capabilities": {}}}))
+                     + b"Content-Length: zz\r\n\r\n{}"
+                     + frame(encode({"jsonrpc": "2.0", "id": 3, "method": "shutdown"})))
+        conn.settimeout(60)
+        data = b""
+        while b'"id": 3' not in data or not data.endswith(b"}"):
+            chunk = conn.recv(1 << 16)
+            assert chunk, data
+            data += chunk
+        bodies = [json.loads(part[: part.rindex(b"}") + 1])
+                  for part in data.split(b"\r\n\r\n")[1:]]
+        got = [(b.get("id"), b["error"]["code"] if "error" in b else "ok") for b in bodies]
+        assert got == [(None, PARSE), (1, NOT_INITIALIZED), (2, "ok"), (None, PARSE), (3, "ok")]
+        conn.sendall(frame(encode({"jsonrpc": "2.0", "method": "exit"})))
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

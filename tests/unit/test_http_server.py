@@ -307,3 +307,18 @@ async def test_health_while_loading_and_after_a_load_failure(serve, tmp_path):
     resp, out = await post(client, {"prompt": "x"})
     assert resp.status == 503 and out["error"]["code"] == "model_not_ready"
     assert "Retry-After" in resp.headers
+
+
+async def test_temperature_samples_and_seed_repeats(serve, backend):
+    client, _ = await serve(backend)
+    body = {"prompt": PROMPT, "suffix": SUFFIX, "max_tokens": 8, "temperature": 1.5, "raw": True,
+            "seed": 7}
+    outs = []
+    for _ in range(2):
+        resp, out = await post(client, body)
+        assert resp.status == 200, out
+        outs.append(out["choices"][0]["text"])
+    assert outs[0] == outs[1]  # the same seed gives the same sample
+    sampled = backend.infill(Completer(backend, msgspec.structs.replace(OPTS, max_tokens=8)).build(
+        PROMPT + SUFFIX, len(PROMPT)), n=1, max_tokens=8, steps=2, temperature=1.5, seed=7)
+    assert outs[0] == sampled[0].text  # and the backend's own sample for that seed
