@@ -58,7 +58,7 @@ def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_pa
         "plugin_dir": str(h.EDITORS / "emacs"),
         "cmd": h.diffill_serve_cmd(),
         # One candidate: completion-at-point then inserts it (several would open *Completions*).
-        "settings": {"modelPath": str(micro_model_dir), "device": "cpu", "numCandidates": 1},
+        "settings": {"modelPath": h.model_path(micro_model_dir), "device": "cpu", "numCandidates": 1},
         "file": str(doc),
         "result": str(result),
         "completion": {"row": c_row, "col": c_col},

@@ -51,7 +51,7 @@ def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path)
     cfg = {
         "plugin_dir": str(h.EDITORS / "nvim"),
         "cmd": h.diffill_serve_cmd(),
-        "settings": {"modelPath": str(micro_model_dir), "device": "cpu"},
+        "settings": {"modelPath": h.model_path(micro_model_dir), "device": "cpu"},
         "file": str(doc),
         "result": str(result),
         "completion": {"row": c_row, "col": c_col},

@@ -147,7 +147,7 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
         "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
         "editor.suggestOnTriggerCharacters": False,
         "diffill.serverCommand": h.diffill_serve_cmd(),
-        "diffill.modelPath": str(micro_model_dir),
+        "diffill.modelPath": h.model_path(micro_model_dir),
         "diffill.device": "cpu",
     }
     (user_data / "User" / "settings.json").write_text(json.dumps(settings, indent=1))

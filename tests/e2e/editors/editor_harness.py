@@ -63,6 +63,12 @@ def need(ok: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+def model_path(micro_model_dir: Path) -> str:
+    """Checkpoint the editor tests serve: the micro model, or ``$DIFFILL_EDITORS_MODEL``
+    (e.g. the shipped model, to take the README screenshot with real suggestions)."""
+    return os.environ.get("DIFFILL_EDITORS_MODEL") or str(micro_model_dir)
+
+
 def diffill_serve_cmd() -> list[str]:
     """The ``diffill serve`` command of the Python environment running the tests."""
     exe = Path(sys.executable).with_name("diffill")
