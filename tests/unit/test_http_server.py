@@ -322,3 +322,27 @@ async def test_temperature_samples_and_seed_repeats(serve, backend):
     sampled = backend.infill(Completer(backend, msgspec.structs.replace(OPTS, max_tokens=8)).build(
         PROMPT + SUFFIX, len(PROMPT)), n=1, max_tokens=8, steps=2, temperature=1.5, seed=7)
     assert outs[0] == sampled[0].text  # and the backend's own sample for that seed
+
+
+def test_token_sources_never_echo_the_token(tmp_path, monkeypatch):
+    import argparse
+
+    from diffill.lsp_server.commands.serve_http import read_token
+
+    def ns(**kw):
+        return argparse.Namespace(**{"token_env": None, "api_key_file": None, **kw})
+
+    monkeypatch.setenv("TEAM_TOKEN", " tok-123 \n")
+    assert read_token(ns(token_env="TEAM_TOKEN")) == "tok-123"
+    assert read_token(ns()) is None
+    for bad in (ns(token_env="sk-pasted-the-key-itself"), ns(token_env="UNSET_VAR_XYZ"),
+                ns(api_key_file=str(tmp_path / "missing"))):
+        with pytest.raises(ValueError) as e:
+            read_token(bad)
+        assert "sk-pasted" not in str(e.value)
+    f = tmp_path / "key"
+    f.write_text("file-token\nsecond line ignored\n")
+    assert read_token(ns(api_key_file=str(f))) == "file-token"
+    f.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        read_token(ns(api_key_file=str(f)))
