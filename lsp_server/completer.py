@@ -13,10 +13,12 @@ it also replaces that many characters right of the cursor on the cursor line
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .backends import Backend, CancelFn, Candidate
+from .backends import Backend, CancelFn, Cancelled, Candidate
 from .context import FimContext, Snippet, build_context, comment_prefix
 from .options import WIRE_NAMES, CompletionOptions, merge_options
 from .postprocess import Processed, dedupe, postprocess
@@ -37,6 +39,33 @@ class CompletionResult:
     suggestions: list[Suggestion]
     context: FimContext
     candidates: list[Candidate]
+
+
+MAX_HEAL_CHARS = 32
+_HEAL_TAIL = re.compile(r"(?: ?\w+|(?<=\S) )$")
+
+
+def partial_word(text: str, offset: int) -> str:
+    """The text before ``offset`` that token healing backs off over: the word being typed
+    with the space before it (BPE tokenizers attach a space to the word after it: " total"
+    is one token, so a prefix ending in "to" or in "return " ends on a token the model
+    rarely saw there), or a lone space after a non-space. "" when the cursor is inside a
+    word or the word is longer than ``MAX_HEAL_CHARS``."""
+    if offset < len(text) and (text[offset].isalnum() or text[offset] == "_"):
+        return ""
+    m = _HEAL_TAIL.search(text[max(0, offset - MAX_HEAL_CHARS - 2):offset])
+    word = m.group(0) if m else ""
+    return word if len(word) <= MAX_HEAL_CHARS else ""
+
+
+def heal(cands: Sequence[Candidate], word: str) -> list[Candidate]:
+    """Candidates generated from the start of ``word``: keep those that reproduce it and
+    more, minus the word (what is left to insert at the cursor)."""
+    return [
+        dataclasses.replace(c, text=c.text[len(word):])
+        for c in cands
+        if c.text.startswith(word) and len(c.text) > len(word)
+    ]
 
 
 def detect_eol(ctx: FimContext) -> str:
@@ -129,23 +158,46 @@ class Completer:
         snippets: Sequence[Snippet] = (),
     ) -> CompletionResult:
         """Like :meth:`complete`, also returning the context and raw candidates.
-        Raises :class:`~diffill.lsp_server.backends.Cancelled`."""
-        o = self.options
-        ctx = self.build(text, offset, language=language, path=path, snippets=snippets)
-        if cancel is not None and cancel():
-            from .backends import Cancelled
+        Raises :class:`~diffill.lsp_server.backends.Cancelled`.
 
+        Token healing (option ``token_healing``): with the cursor right after a partial
+        word, the model first fills the hole from the word's start; candidates that
+        reproduce the typed part keep the rest. When none does (a new name the model
+        cannot guess), the hole at the cursor is filled as usual (a second model call)."""
+        o = self.options
+        n = max(n, 1)
+        word = partial_word(text, offset) if o.token_healing else ""
+        if word:
+            # Token healing: the hole starts at the beginning of the word being typed.
+            start = offset - len(word)
+            hctx = self.build(text[:start] + text[offset:], start, language=language, path=path,
+                              snippets=snippets)
+            cands = heal(self._infill(hctx, n, cancel), word)
+            if cands:
+                # seen from the real cursor (the ids stay what the model saw, without the word)
+                ctx = dataclasses.replace(hctx, prefix=hctx.prefix + word,
+                                          line_prefix=hctx.line_prefix + word,
+                                          suffix_end=hctx.suffix_end + len(word))
+                sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n)
+                if sugg:
+                    return CompletionResult(sugg, ctx, cands)
+        ctx = self.build(text, offset, language=language, path=path, snippets=snippets)
+        cands = self._infill(ctx, n, cancel)
+        sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n)
+        return CompletionResult(sugg, ctx, list(cands))
+
+    def _infill(self, ctx: FimContext, n: int, cancel: CancelFn | None) -> list[Candidate]:
+        if cancel is not None and cancel():
             raise Cancelled("cancelled before the model ran")
-        cands = self.backend.infill(
+        o = self.options
+        return list(self.backend.infill(
             ctx,
-            n=max(n, 1),
+            n=n,
             max_tokens=o.max_tokens,
             steps=o.steps,
             latency_budget_ms=o.latency_budget_ms,
             cancel=cancel,
-        )
-        sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=max(n, 1))
-        return CompletionResult(sugg, ctx, list(cands))
+        ))
 
     def complete(
         self,

@@ -44,6 +44,9 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     """``auto``: several lines only when the cursor is at the end of its line."""
     num_candidates: Annotated[int, Meta(ge=1, le=16)] = 3
     """Candidates returned for an explicitly invoked completion (cycling)."""
+    token_healing: bool = True
+    """Mid-word cursor: the model fills from the start of the word, and only candidates that
+    reproduce the typed part are kept (a BPE model never saw the half-word as a prefix)."""
     extra_context: bool = False
     """Add a commented header with snippets of other open documents (inside the budget)."""
     extra_context_fraction: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.15

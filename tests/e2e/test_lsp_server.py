@@ -64,14 +64,8 @@ SQUARE = block("square_list")
 
 
 @pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
+def model_dir(micro_model_dir: Path) -> Path:
+    return Path(micro_model_dir)
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -9,21 +9,10 @@ import pytest
 from diffill.lsp_server.cli import main as cli_main
 from diffill.lsp_server.commands.complete import InputError, position_offset
 
-try:
-    from ._checkpoints import write_diffill_checkpoint
-except ImportError:  # tests/unit is not a package
-    from _checkpoints import write_diffill_checkpoint
-
 
 @pytest.fixture()
-def model_dir(request, tmp_path_factory) -> Path:
-    """The trained micro model when the fixture exists, else a random tiny checkpoint."""
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        folder = tmp_path_factory.mktemp("random_ckpt")
-        write_diffill_checkpoint(folder)
-        return folder
+def model_dir(micro_model_dir) -> Path:
+    return Path(micro_model_dir)
 
 
 def test_positions_are_one_based():
