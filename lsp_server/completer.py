@@ -17,6 +17,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .backends import Backend, CancelFn, Cancelled, Candidate
 from .context import FimContext, Snippet, build_context, comment_prefix
@@ -156,8 +157,12 @@ class Completer:
         language: str | None = None,
         path: str | None = None,
         snippets: Sequence[Snippet] = (),
+        steps: int | None = None,
+        backend_kwargs: dict[str, Any] | None = None,
     ) -> CompletionResult:
-        """Like :meth:`complete`, also returning the context and raw candidates.
+        """Like :meth:`complete`, also returning the context and raw candidates
+        (``steps`` overrides the option; ``backend_kwargs`` go to ``backend.infill``, e.g.
+        ``temperature``/``seed``).
         Raises :class:`~diffill.lsp_server.backends.Cancelled`.
 
         Token healing (option ``token_healing``): with the cursor right after a partial
@@ -172,7 +177,7 @@ class Completer:
             start = offset - len(word)
             hctx = self.build(text[:start] + text[offset:], start, language=language, path=path,
                               snippets=snippets)
-            cands = heal(self._infill(hctx, n, cancel), word)
+            cands = heal(self._infill(hctx, n, cancel, steps, backend_kwargs), word)
             if cands:
                 # seen from the real cursor (the ids stay what the model saw, without the word)
                 ctx = dataclasses.replace(hctx, prefix=hctx.prefix + word,
@@ -182,11 +187,12 @@ class Completer:
                 if sugg:
                     return CompletionResult(sugg, ctx, cands)
         ctx = self.build(text, offset, language=language, path=path, snippets=snippets)
-        cands = self._infill(ctx, n, cancel)
+        cands = self._infill(ctx, n, cancel, steps, backend_kwargs)
         sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n)
         return CompletionResult(sugg, ctx, list(cands))
 
-    def _infill(self, ctx: FimContext, n: int, cancel: CancelFn | None) -> list[Candidate]:
+    def _infill(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None = None,
+                backend_kwargs: dict[str, Any] | None = None) -> list[Candidate]:
         if cancel is not None and cancel():
             raise Cancelled("cancelled before the model ran")
         o = self.options
@@ -194,9 +200,10 @@ class Completer:
             ctx,
             n=n,
             max_tokens=o.max_tokens,
-            steps=o.steps,
+            steps=o.steps if steps is None else steps,
             latency_budget_ms=o.latency_budget_ms,
             cancel=cancel,
+            **(backend_kwargs or {}),
         ))
 
     def complete(

@@ -305,10 +305,11 @@ class _ScriptedBackend:
     def max_context_tokens(self, max_tokens):
         return None
 
-    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None):
+    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None, **kw):
         from diffill.lsp_server.backends import Candidate
 
         self.seen.append((ctx.prefix, ctx.suffix))
+        self.kwargs = {"steps": steps, **kw}
         return [Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers.pop(0))]
 
     def describe(self):
@@ -350,3 +351,11 @@ def test_token_healing_falls_back_when_nothing_matches():
     b.answers.append(["bar"])
     off.run(text, 8)
     assert b.seen[-1] == ("x = myna", "\n")
+
+
+def test_run_passes_steps_and_backend_kwargs():
+    from diffill.lsp_server.completer import Completer
+
+    b = _ScriptedBackend(["1"])
+    Completer(b).run("x = (\n", 5, steps=3, backend_kwargs={"temperature": 0.5, "seed": 7})
+    assert b.kwargs == {"steps": 3, "temperature": 0.5, "seed": 7}
