@@ -23,9 +23,11 @@ Endpoints
 
 The text path is the language server's: ``prompt + suffix`` is one document with
 the cursor between them, cut to the token budget by :mod:`.context`
-(``Completer.build``), filled by the backend, post-processed by
-:func:`.completer.finish` (unless ``raw``), then cut at the first ``stop``
-sequence. ``finish_reason`` is ``"stop"`` when the model ended the middle itself
+(:meth:`.completer.Completer.run`: token healing, the backend, post-processing
+by :func:`.completer.finish`; ``raw`` skips healing and post-processing), then cut
+at the first ``stop`` sequence. A client that does its own token healing (the
+language server's ``openai`` backend) sends ``X-Diffill-Token-Healing: 0`` so the
+hole is not backed off twice. ``finish_reason`` is ``"stop"`` when the model ended the middle itself
 (pad/EOS inside the hole) or a stop sequence cut it, ``"length"`` when the middle
 filled the whole ``max_tokens`` hole. ``n`` > 1 asks the backend for several
 candidate hole lengths; identical (after post-processing) or empty candidates are
@@ -75,7 +77,7 @@ from aiohttp import web
 from msgspec import Meta
 
 from .backends import Backend, BackendError, Cancelled, Candidate
-from .completer import Completer, finish
+from .completer import Completer
 from .context import FimContext
 from .options import CompletionOptions
 
@@ -84,6 +86,9 @@ log = logging.getLogger("diffill.http")
 DEFAULT_MAX_TOKENS = 16
 MAX_STOP = 4
 RETRYABLE_HINT_S = 1
+NO_HEALING_HEADER = "X-Diffill-Token-Healing"
+"""``X-Diffill-Token-Healing: 0`` turns server-side token healing off for a request
+(sent by diffill's own ``openai`` backend, whose language server heals already)."""
 LOAD_TASK = web.AppKey("diffill_load", asyncio.Task)
 
 
@@ -302,34 +307,35 @@ class HttpFront:
         return max(RETRYABLE_HINT_S, math.ceil(mean * waves))
 
     # -- the model call (worker thread) ------------------------------------------------------
-    def complete_one(self, req: CompletionRequest, prompt: str, job: Job) -> tuple[list[Choice], FimContext]:
+    def complete_one(self, req: CompletionRequest, prompt: str, job: Job, *,
+                     healing: bool = True) -> tuple[list[Choice], FimContext]:
+        """One prompt through the language server's text path (:meth:`Completer.run`:
+        context, token healing, model, post-processing); ``raw`` skips token healing and
+        post-processing (the model's middles at the cursor, untouched); ``healing=False``
+        skips token healing only (the client healed already)."""
         backend = self.backend
         assert backend is not None
         max_tokens = req.max_tokens or DEFAULT_MAX_TOKENS
         opts = msgspec.structs.replace(self.options, max_tokens=max_tokens)
-        completer = Completer(backend, opts)
-        suffix = req.suffix or ""
-        ctx = completer.build(prompt + suffix, len(prompt))
-        if job.cancel():
-            raise Cancelled("cancelled before the model ran")
+        if req.raw or not healing:
+            opts = msgspec.structs.replace(opts, token_healing=False)
         temperature = req.temperature or 0.0
         extra: dict[str, Any] = {"temperature": temperature, "seed": req.seed} if temperature > 0 else {}
-        cands: list[Candidate] = backend.infill(
-            ctx,
+        res = Completer(backend, opts).run(
+            prompt + (req.suffix or ""),
+            len(prompt),
             n=req.n,
-            max_tokens=max_tokens,
-            steps=req.steps if req.steps is not None else opts.steps,
-            latency_budget_ms=opts.latency_budget_ms,
             cancel=job.cancel,
-            **extra,
+            steps=req.steps,
+            backend_kwargs=extra,
         )
+        cands: list[Candidate] = res.candidates
         stops = stop_list(req.stop)
         raw_tokens = {c.text: c.tokens for c in cands}
         if req.raw:
             picked = [(c.text, c.text) for c in cands[: req.n]]
         else:
-            picked = [(s.text, s.raw) for s in finish(cands, ctx, policy=opts.multiline,
-                                                       multiline=None, n=req.n)]
+            picked = [(s.text, s.raw) for s in res.suggestions]
         if not picked:
             picked = [("", "")]
         texts = []
@@ -340,7 +346,7 @@ class HttpFront:
             texts.append(cut)
             reasons.append("length" if full and not stopped else "stop")
         counts = backend.encode_batch(texts)
-        return [Choice(t, r, len(c)) for t, r, c in zip(texts, reasons, counts, strict=True)], ctx
+        return [Choice(t, r, len(c)) for t, r, c in zip(texts, reasons, counts, strict=True)], res.context
 
     # -- handlers ----------------------------------------------------------------------------
     def check_auth(self, request: web.Request) -> None:
@@ -393,11 +399,12 @@ class HttpFront:
             if e.status != 429:
                 self.count(f"http_{e.status}")
             return error_response(e, rid)
-        response = await self._run(request, req, model_name, rid, t0)
+        healing = request.headers.get(NO_HEALING_HEADER, "").strip().lower() not in ("0", "false", "off")
+        response = await self._run(request, req, model_name, rid, t0, healing)
         return response
 
     async def _run(self, request: web.Request, req: CompletionRequest, model_name: str,
-                   rid: str, t0: float) -> web.Response:
+                   rid: str, t0: float, healing: bool = True) -> web.Response:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         transport = request.transport
 
@@ -409,7 +416,7 @@ class HttpFront:
         loop = asyncio.get_running_loop()
 
         def work() -> list[tuple[list[Choice], FimContext]]:
-            return [self.complete_one(req, p, job) for p in prompts]
+            return [self.complete_one(req, p, job, healing=healing) for p in prompts]
 
         try:
             results = await loop.run_in_executor(self.executor, work)

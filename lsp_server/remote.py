@@ -196,7 +196,10 @@ class RemoteBackend:
 
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json", "Accept": "application/json",
-             "User-Agent": "diffill-lsp"}
+             "User-Agent": "diffill-lsp",
+             # the language server heals partial words itself: diffill serve-http must not
+             # back the hole off a second time (other servers ignore the header)
+             "X-Diffill-Token-Healing": "0"}
         key = self._api_key()
         if key:
             h["Authorization"] = f"Bearer {key}"

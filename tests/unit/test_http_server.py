@@ -159,6 +159,21 @@ async def test_response_shape_and_consistency_with_the_lsp_text_path(serve, back
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
 
 
+async def test_healing_header_turns_server_side_token_healing_off(serve, backend):
+    """A client that healed already (the openai backend) sends X-Diffill-Token-Healing: 0:
+    the hole stays at the cursor, as Completer with token_healing off."""
+    client, _ = await serve(backend)
+    body = {"prompt": PROMPT, "suffix": SUFFIX, "max_tokens": 16}
+    _, out = await post(client, body, headers={"X-Diffill-Token-Healing": "0"})
+    opts = msgspec.structs.replace(OPTS, max_tokens=16, token_healing=False)
+    res = Completer(backend, opts).run(PROMPT + SUFFIX, len(PROMPT), n=1)
+    assert out["choices"][0]["text"] == (res.suggestions[0].text if res.suggestions else "")
+    assert out["usage"]["prompt_tokens"] == res.context.prefix_tokens + res.context.suffix_tokens
+    healed = Completer(backend, msgspec.structs.replace(OPTS, max_tokens=16)).run(
+        PROMPT + SUFFIX, len(PROMPT), n=1)
+    assert healed.context.prefix_tokens != res.context.prefix_tokens  # PROMPT ends in a space
+
+
 async def test_raw_stop_and_length(serve, backend):
     client, _ = await serve(backend)
     base = {"prompt": PROMPT, "suffix": SUFFIX, "raw": True, "max_tokens": 16}
