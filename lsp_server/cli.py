@@ -4,6 +4,12 @@ Each subcommand lives in its own module under ``diffill.lsp_server.commands``
 exposing ``add_parser(subparsers)`` (which returns the parser) and
 ``run(args) -> int``. A subcommand appears only when its module exists, so
 entry points that later work fills in are absent rather than stubs.
+
+Only the chosen command's module is imported: the others are listed in
+``diffill --help`` from the static :data:`COMMANDS` table (name, aliases, one-line
+help), so ``diffill serve`` answers ``initialize`` without paying for torch or the
+imports of commands it does not run. ``tests/unit/test_cli.py`` checks the table
+against the modules' own ``add_parser``.
 """
 
 from __future__ import annotations
@@ -12,38 +18,83 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from typing import NamedTuple
 
 from diffill import __version__
 
+
+class Command(NamedTuple):
+    module: str
+    """Module name under ``diffill.lsp_server.commands``."""
+    name: str
+    """Name on the command line."""
+    aliases: tuple[str, ...]
+    help: str
+    """The one-line help ``add_parser`` gives (shown by ``diffill --help``)."""
+
+
 # Order shown in --help.
-COMMANDS = ("complete", "serve", "serve_http", "info", "eval", "bench", "train", "corpus")
+COMMANDS: tuple[Command, ...] = (
+    Command("complete", "complete", (), "fill the hole at FILE:LINE:COL and print the suggestion"),
+    Command("serve", "serve", (), "run the language server (stdio, or --tcp HOST:PORT)"),
+    Command("serve_http", "serve-http", ("serve_http",),
+            "serve the model as an OpenAI-compatible /v1/completions API"),
+    Command("info", "info", (), "load a model and describe it"),
+    Command("eval", "eval", (),
+            "evaluate a model: HumanEval infilling pass@1, held-out exact match, baseline, frontier"),
+    Command("bench", "bench", (),
+            "measure infill latency (p50/p95, tokens/s) against autoregressive decoding"),
+    Command("train", "train", (),
+            "train diffill's own masked-diffusion model on a pre-tokenised corpus"),
+    Command("corpus", "corpus", (), "build the permissively licensed Python corpus"),
+)
 
 
-def _available() -> list[str]:
-    out = []
-    for name in COMMANDS:
-        mod = f"diffill.lsp_server.commands.{name}"
-        if importlib.util.find_spec(mod) is not None:
-            out.append(name)
-    return out
+def _module_path(cmd: Command) -> str:
+    return f"diffill.lsp_server.commands.{cmd.module}"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _available() -> list[Command]:
+    """The commands whose module exists (found without importing it)."""
+    return [c for c in COMMANDS if importlib.util.find_spec(_module_path(c)) is not None]
+
+
+def _chosen(argv: list[str], commands: list[Command]) -> Command | None:
+    """The command named by the first non-option argument (the top-level parser takes
+    no option with a value), or None."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return next((c for c in commands if arg == c.name or arg in c.aliases), None)
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: the command it names gets its module's full parser, the
+    others a placeholder with their help line (``argv`` None: every command imported,
+    as tests and documentation tools want)."""
     parser = argparse.ArgumentParser(
         prog="diffill",
         description="Fill-in-the-middle code completion from a masked-diffusion language model.",
     )
     parser.add_argument("--version", action="version", version=f"diffill {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _available():
-        module = importlib.import_module(f"diffill.lsp_server.commands.{name}")
-        p = module.add_parser(sub)
-        p.set_defaults(_run=module.run)
+    commands = _available()
+    chosen = _chosen(argv, commands) if argv is not None else None
+    for cmd in commands:
+        if argv is None or cmd is chosen:
+            module = importlib.import_module(_module_path(cmd))
+            p = module.add_parser(sub)
+            p.set_defaults(_run=module.run)
+        else:
+            sub.add_parser(cmd.name, aliases=list(cmd.aliases), help=cmd.help)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
