@@ -59,6 +59,7 @@ import torch
 
 from .cache import DualCache
 from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, pad_canvas
+from .runtime import ensure_cpu_threads
 from .sampler import (
     Canvas,
     DenoiseState,
@@ -165,6 +166,7 @@ class Engine:
         self._max_batch = 0
         self._graphs: dict[tuple[Any, ...], _StepGraphs] = {}
         self._graph_pool: Any = None
+        ensure_cpu_threads(getattr(lm, "device", None))  # diffill's CPU thread default, unless configured
         model = self.model
         if hasattr(model, "eval"):
             model.eval()

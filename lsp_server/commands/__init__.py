@@ -1,1 +1,44 @@
-"""Subcommands of the ``diffill`` CLI: one module each (``add_parser`` + ``run``)."""
+"""Subcommands of the ``diffill`` CLI: one module each (``add_parser`` + ``run``).
+
+Shared here (torch-free): the ``--threads`` option of the commands that run the model;
+the decision itself is :mod:`diffill.model.runtime`'s."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+THREADS_HELP = (
+    "torch CPU threads for the model (default: max(1, min(4, cores // 2)); torch's own "
+    "default, one per core, spin-waits between the small kernels of a diffusion step and "
+    "makes completions many times slower on a busy machine). Also DIFFILL_THREADS=N; "
+    "a user-set OMP_NUM_THREADS is kept. Ignored on CUDA"
+)
+
+
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+
+
+def check_threads(args: argparse.Namespace) -> str | None:
+    """An error message when ``--threads`` is invalid, else None."""
+    n = getattr(args, "threads", None)
+    if n is not None and n < 1:
+        return f"--threads must be >= 1, got {n}"
+    return None
+
+
+def threads_to_env(args: argparse.Namespace) -> None:
+    """For commands whose model loads later on another thread (serve, serve-http):
+    pass ``--threads`` on as ``DIFFILL_THREADS``, which the engine applies when it is
+    built (importing torch here would delay the server's first answer)."""
+    n = getattr(args, "threads", None)
+    if n is not None:
+        os.environ["DIFFILL_THREADS"] = str(n)
+
+
+def configure_threads(args: argparse.Namespace, device: object) -> None:
+    """For commands that run the model on this thread right away."""
+    from diffill.model.runtime import configure_cpu_threads
+
+    configure_cpu_threads(getattr(args, "threads", None), device)

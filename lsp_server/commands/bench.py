@@ -24,6 +24,8 @@ from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
+from . import add_threads_option, check_threads, configure_threads
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from diffill.model.bench import PRESETS
@@ -74,7 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--json", default=None, metavar="FILE", help="write all results as JSON")
     p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of latency vs steps")
     p.add_argument("--quick", action="store_true", help="tiny grid for CI smoke runs")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    add_threads_option(p)
     return p
 
 
@@ -112,11 +114,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from diffill.model import bench
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    err = check_threads(args)
+    if err:
+        print(f"diffill bench: {err}", file=sys.stderr)
+        return 2
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    configure_threads(args, device)
     dtype = None
     if args.dtype:
         from diffill.model.loader import _DTYPES

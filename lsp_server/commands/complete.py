@@ -14,6 +14,8 @@ from pathlib import Path
 
 import msgspec
 
+from . import add_threads_option, check_threads, configure_threads
+
 MAX_FILE_MB_DEFAULT = 16.0
 
 
@@ -38,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="checkpoint folder (default: the shipped default model)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto")
+    add_threads_option(p)
     p.add_argument("--max-tokens", type=int, default=None, help="longest middle in tokens (32)")
     p.add_argument("--steps", type=int, default=None,
                    help="refinement steps (default: the engine's default)")
@@ -118,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
         print("diffill complete: --n must be >= 1", file=sys.stderr)
         return 2
 
+    err = check_threads(args)
+    if err:
+        print(f"diffill complete: {err}", file=sys.stderr)
+        return 2
+    configure_threads(args, args.device)
     from ..backends import BackendError, load_local_backend
     from ..completer import Completer, options_from_kwargs
 

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import add_threads_option, check_threads, configure_threads
+
 DEFAULT_OUT = "diffill-eval"
 
 
@@ -29,6 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", metavar="DIR", default=None, help="checkpoint folder (default: the shipped model)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto (default cpu)")
+    add_threads_option(p)
     p.add_argument("--tasks", metavar="FILE", default=None,
                    help="human-eval-infilling jsonl (task_id, prompt, suffix, canonical_solution, test, "
                         "entry_point); default: HumanEval single-line tasks built from the human-eval package")
@@ -81,6 +84,11 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    err = check_threads(args)
+    if err:
+        print(f"diffill eval: {err}", file=sys.stderr)
+        return 2
+    configure_threads(args, args.device)
     from diffill import __version__
     from diffill.lsp_server.evaluation import frontier as fr
     from diffill.lsp_server.evaluation import report

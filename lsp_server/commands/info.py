@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from diffill.lsp_server.commands import add_threads_option, check_threads, configure_threads
 from diffill.model.attention import resolved_backend
 from diffill.model.loader import LoadedModel, load_model
 
@@ -139,6 +140,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="checkpoint folder (default: the shipped model)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    add_threads_option(p)
     p.add_argument(
         "--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)"
     )
@@ -156,6 +158,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    err = check_threads(args)
+    if err:
+        print(f"diffill info: {err}", file=sys.stderr)
+        return 2
+    configure_threads(args, args.device)
     try:
         lm = load_model(args.model, device=args.device, dtype=args.dtype)
     except (ValueError, RuntimeError) as e:

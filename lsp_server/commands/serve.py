@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from . import add_threads_option, check_threads, threads_to_env
+
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -25,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="checkpoint folder (default: the shipped default model)")
     p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1, auto")
+    add_threads_option(p)
     p.add_argument("--tcp", default=None, metavar="HOST:PORT", help="listen on TCP instead of stdio")
     p.add_argument("--log-file", default=None, help="write logs here (default: stderr)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -54,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     if errors:
         print("diffill serve: " + "; ".join(errors), file=sys.stderr)
         return 2
+    err = check_threads(args)
+    if err:
+        print(f"diffill serve: {err}", file=sys.stderr)
+        return 2
+    threads_to_env(args)
     hostport = None
     if args.tcp:
         try:

@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from . import add_threads_option, check_threads, threads_to_env
+
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -30,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="checkpoint folder (default: the shipped default model)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto")
+    add_threads_option(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
@@ -112,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("diffill serve-http needs aiohttp: pip install 'diffill[http]'", file=sys.stderr)
         return 2
+    err = check_threads(args)
+    if err:
+        print(f"diffill serve-http: {err}", file=sys.stderr)
+        return 2
+    threads_to_env(args)
     from ..backends import load_local_backend
     from ..http_server import HttpConfig, HttpFront, serve
     from ..options import CompletionOptions, merge_options
