@@ -323,24 +323,42 @@ async def test_document_change_cancels_running_request(slow: LanguageClient):
     assert st.superseded == getattr(before, "superseded", 0) + 1
 
 
+# Cursor positions in micro-corpus functions where the micro model's answer is long
+# (text, line of the cursor): the typed-ahead test uses the first that gives >= 2 chars,
+# so it does not depend on one position's answer of one trained micro model.
+TYPED_AHEAD_POSITIONS = (
+    (cut(GREET, 'message = "hello " + name', ""), 1),
+    (cut(GREET, 'message = "hello " + name', "message = "), 1),
+    (cut(block("celsius_to_kelvin"), "kelvin = celsius + 273.15", "kelvin ="), 1),
+    (cut(block("reverse_words"), 'return " ".join(reversed(words))', "return"), 2),
+    (cut(block("merge_dicts"), "merged.update(right)", ""), 2),
+)
+
+
 async def test_typed_ahead_answers_without_model_call(slow: LanguageClient):
-    text = cut(GREET, 'message = "hello " + name', "message = ")
-    uri = open_doc(slow, text)
-    pos = end_of(text, 1, "utf-16")
-    first = await inline(slow, uri, pos)
-    assert first.items and len(first.items[0].insert_text) >= 3
-    sugg = first.items[0].insert_text
+    tried = []
+    for text, line in TYPED_AHEAD_POSITIONS:
+        uri = open_doc(slow, text)
+        pos = end_of(text, line, "utf-16")
+        first = await inline(slow, uri, pos)
+        sugg = first.items[0].insert_text if first.items else ""
+        tried.append(sugg)
+        if len(sugg) >= 2 and sugg[0] not in "\r\n":
+            break
+    else:
+        pytest.fail(f"no position gave a suggestion of >= 2 characters: {tried}")
+    typed = sugg[:1]
     before = await status(slow)
-    change(slow, uri, 2, pos, pos, sugg[:2])
+    change(slow, uri, 2, pos, pos, typed)
     t0 = time.monotonic()
-    second = await inline(slow, uri, types.Position(line=1, character=pos.character + 2))
+    second = await inline(slow, uri, types.Position(line=line, character=pos.character + units(typed, "utf-16")))
     took = time.monotonic() - t0
     st = await status(slow)
     assert st.model_calls == before.model_calls  # no model call
     assert st.cache_hits == getattr(before, "cache_hits", 0) + 1
-    assert [i.insert_text for i in second.items][0] == sugg[2:]
-    assert second.items[0].range.start.character == pos.character + 2
-    print(f"typed-ahead answer in {took * 1000:.1f} ms")
+    assert [i.insert_text for i in second.items][:1] == [sugg[len(typed):]]
+    assert second.items[0].range.start.character == pos.character + units(typed, "utf-16")
+    print(f"typed-ahead answer in {took * 1000:.1f} ms (typed {typed!r} of {sugg!r})")
 
 
 async def test_completion_and_inline_together_one_model_call(slow: LanguageClient):
