@@ -27,6 +27,7 @@ referenced: there is no module-level cache.
 
 from __future__ import annotations
 
+import errno
 import json
 import traceback
 from dataclasses import dataclass, field
@@ -215,6 +216,8 @@ def _scan(
         except CheckpointError:
             raise
         except Exception as e:  # safetensors raises its own SafetensorError / OSError
+            if is_out_of_memory(e):
+                raise MemoryError(f"{path}: out of memory while mapping the weights ({e})") from None
             raise CheckpointError(
                 f"{path}: not a readable safetensors file, truncated or corrupt ({e})"
             ) from None
@@ -262,6 +265,17 @@ def _scan(
             f"{', '.join(names.values())}" + (" ..." if len(missing) > 8 else "")
         )
     return plan
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says the process ran out of memory: MemoryError, ENOMEM from mmap
+    (an OSError, or safetensors' own error whose text carries the OS message)."""
+    if isinstance(e, MemoryError):
+        return True
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+        return True
+    msg = str(e)
+    return "Cannot allocate memory" in msg or "os error 12)" in msg
 
 
 def _read_tensors(
@@ -328,6 +342,8 @@ def _materialise(
             torch.cuda.empty_cache()  # hand the freed blocks back, not just to torch's cache
         if isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
             raise  # out of memory is not a checkpoint defect: keep its type
+        if is_out_of_memory(e):
+            raise MemoryError(f"{folder}: out of memory while loading the weights ({e})") from None
         if isinstance(e, CheckpointError):
             raise CheckpointError(str(e)) from None
         raise CheckpointError(

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     opts = _options(args)
     try:
         bm = bench.load_bench_model(args.model, device, dtype)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, MemoryError) as e:
         print(f"diffill bench: {e}", file=sys.stderr)
         return 2
     log(f"model {bm.name} on {bm.device} {bm.dtype}")

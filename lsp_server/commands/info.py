@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     configure_threads(args, args.device)
     try:
         lm = load_model(args.model, device=args.device, dtype=args.dtype)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, MemoryError) as e:
         print(f"diffill info: {e}", file=sys.stderr)
         return 1
     report = collect(lm, args)

@@ -1,0 +1,46 @@
+"""model/loader.py: running out of memory while mapping or reading the weights is
+reported as out of memory (MemoryError), not as a truncated or corrupt checkpoint."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from diffill.model import loader
+from diffill.model.loader import CheckpointError, is_out_of_memory, load_model
+
+
+def test_is_out_of_memory():
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(OSError(errno.ENOMEM, "Cannot allocate memory"))
+    assert is_out_of_memory(RuntimeError("Error while deserializing header: Cannot allocate memory (os error 12)"))
+    assert not is_out_of_memory(OSError(errno.ENOENT, "No such file or directory"))
+    assert not is_out_of_memory(RuntimeError("Error while deserializing header: HeaderTooLarge"))
+
+
+@pytest.mark.parametrize("when", ["header", "read"])
+def test_enomem_while_mapping_is_a_memory_error(micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 when: str):
+    real = loader.safe_open
+
+    def failing(path, framework, **kw):
+        if (when == "header") == ("device" not in kw):
+            if when == "header":
+                raise OSError(errno.ENOMEM, "Cannot allocate memory")
+            raise RuntimeError("Error while deserializing: Cannot allocate memory (os error 12)")
+        return real(path, framework=framework, **kw)
+
+    monkeypatch.setattr(loader, "safe_open", failing)
+    with pytest.raises(MemoryError, match="out of memory") as e:
+        load_model(str(micro_model_dir))
+    assert "corrupt" not in str(e.value)
+
+
+def test_a_corrupt_file_is_still_a_checkpoint_error(micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    def corrupt(path, framework, **kw):
+        raise RuntimeError("Error while deserializing header: HeaderTooLarge")
+
+    monkeypatch.setattr(loader, "safe_open", corrupt)
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_model(str(micro_model_dir))
