@@ -90,6 +90,10 @@ For example (:modelPath \"/path/to/ckpt\" :device \"cuda\" :latencyBudgetMs 25
   "Non-nil: `diffill-setup' enables `diffill-inline-mode' in diffill buffers."
   :type 'boolean)
 
+(defvar diffill-inline-answer-functions nil
+  "Abnormal hook run in the buffer after each inline completion answer is shown.
+Each function gets the list of items (plists) of the answer, possibly empty.")
+
 (defface diffill-ghost-face
   '((t :inherit shadow :slant italic))
   "Face of the ghost text shown by `diffill-inline-mode'.")
@@ -271,6 +275,7 @@ THEN, if non-nil, is called in the buffer after the answer was shown."
                  (if diffill--items
                      (diffill--show-item 0)
                    (diffill--hide))
+                 (run-hook-with-args 'diffill-inline-answer-functions diffill--items)
                  (when then (funcall then))))))
          :error-fn #'ignore
          :timeout-fn #'ignore)))))

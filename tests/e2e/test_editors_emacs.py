@@ -37,11 +37,6 @@ def _has_eglot() -> bool:
 
 pytestmark = pytest.mark.e2e
 
-COMPLETE_AFTER = "    total = "
-GHOST_LINE = "    result = ["
-GHOST_TYPE = "v"
-
-
 def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_path: Path) -> None:
     h.need(EMACS is not None, f"Emacs not installed ({h.INSTALL_HINT})")
     h.need(_has_eglot(), f"eglot not installed ({h.INSTALL_HINT})")
@@ -51,18 +46,18 @@ def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_pa
     doc = work / "demo.py"
     text = h.SAMPLE
     doc.write_text(text)
-    c_row, c_col = h.position_of(text, COMPLETE_AFTER)
-    g_row, g_col = h.position_of(text, GHOST_LINE)
+    completion_spots = [h.position_of(text, n) for n in h.COMPLETION_SPOTS]
+    ghost_spots = [(*h.position_of(text, n), typed) for n, typed in h.GHOST_SPOTS]
     result = tmp_path / "result.json"
     cfg = {
         "plugin_dir": str(h.EDITORS / "emacs"),
-        "cmd": h.diffill_serve_cmd(),
+        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
         # One candidate: completion-at-point then inserts it (several would open *Completions*).
         "settings": {"modelPath": h.model_path(micro_model_dir), "device": "cpu", "numCandidates": 1},
         "file": str(doc),
         "result": str(result),
-        "completion": {"row": c_row, "col": c_col},
-        "ghost": {"row": g_row, "col": g_col, "type": GHOST_TYPE},
+        "completion": [{"row": r, "col": c} for r, c in completion_spots],
+        "ghost": [{"row": r, "col": c, "type": t} for r, c, t in ghost_spots],
     }
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     with h.isolated_env(tmp_path, DIFFILL_E2E_CONFIG=str(tmp_path / "cfg.json")) as env:
@@ -72,27 +67,31 @@ def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_pa
         )
     assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{r.get('events', '')[-3000:]}"
+    assert r["ok"], (
+        f"{r.get('error')}\n{p.stderr[-3000:]}\n{r.get('events', '')[-3000:]}\n{h.tail(tmp_path / 'server.log')}"
+    )
     assert r["managed"] is True and r["inline_mode"] is True
     assert r["emacs"].startswith("28.") or r["emacs"] >= "28"
 
     # 1) completion-at-point inserted the server's item (its textEdit) at point.
     comp = r["completion"]
+    c_row, _ = completion_spots[comp["spot"] - 1]
     raw = h.first_items(comp["raw"])
     assert len(raw) == 1, raw
     new_text = raw[0]["textEdit"]["newText"]
-    assert new_text.strip()
+    assert new_text
     assert comp["line_before"] == text.split("\n")[c_row]
     assert new_text in comp["candidates"] or raw[0]["label"] in comp["candidates"]
     assert comp["buffer_after"] == h.apply_edit(text, raw[0]["textEdit"]["range"], new_text)
 
     # 2) diffill-inline-mode: overlay with the server's inline item; TAB inserted exactly it.
     g = r["ghost"]
+    _, g_col, g_typed = ghost_spots[g["spot"] - 1]
     items = h.first_items(g["raw"])
-    assert items, "the server suggested nothing at the ghost text position"
+    assert items, "no inline items"
     item = items[0]
-    assert item["insertText"].strip()
-    assert g["line_typed"] == g["line_before"][:g_col] + GHOST_TYPE + g["line_before"][g_col:]
+    assert item["insertText"]
+    assert g["line_typed"] == g["line_before"][:g_col] + g_typed + g["line_before"][g_col:]
     assert g["overlay_at"] == g["point_before_accept"]
     assert g["suggestion"] == item["insertText"]
     assert g["shown"].startswith(item["insertText"])  # then an "(i/n)" hint when n > 1

@@ -31,10 +31,6 @@ def _nvim_version() -> tuple[int, ...]:
 
 pytestmark = pytest.mark.e2e
 
-COMPLETE_AFTER = "    total = "  # completion at the end of this (line prefix)
-GHOST_LINE = "    result = ["  # ghost text: cursor after this (line prefix), then type GHOST_TYPE
-GHOST_TYPE = "v"
-
 
 def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path) -> None:
     h.need(NVIM is not None, f"Neovim not installed ({h.INSTALL_HINT})")
@@ -45,17 +41,17 @@ def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path)
     doc = work / "demo.py"
     text = h.SAMPLE
     doc.write_text(text)
-    c_row, c_col = h.position_of(text, COMPLETE_AFTER)
-    g_row, g_col = h.position_of(text, GHOST_LINE)
+    completion_spots = [h.position_of(text, n) for n in h.COMPLETION_SPOTS]
+    ghost_spots = [(*h.position_of(text, n), typed) for n, typed in h.GHOST_SPOTS]
     result = tmp_path / "result.json"
     cfg = {
         "plugin_dir": str(h.EDITORS / "nvim"),
-        "cmd": h.diffill_serve_cmd(),
+        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
         "settings": {"modelPath": h.model_path(micro_model_dir), "device": "cpu"},
         "file": str(doc),
         "result": str(result),
-        "completion": {"row": c_row, "col": c_col},
-        "ghost": {"row": g_row, "col": g_col, "type": GHOST_TYPE},
+        "completion": [{"row": r, "col": c} for r, c in completion_spots],
+        "ghost": [{"row": r, "col": c, "type": t} for r, c, t in ghost_spots],
         "timeout_ms": 200_000,
     }
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
@@ -66,15 +62,16 @@ def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path)
         )
     assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}"
+    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{h.tail(tmp_path / 'server.log')}"
     assert r["capabilities"] == {"completion": True, "inline": True}
 
     # 1) completion: the menu holds the server's items; <C-y> put the first one's textEdit in.
     comp = r["completion"]
+    c_row, _ = completion_spots[comp["spot"] - 1]
     raw = h.first_items(comp["raw"])
-    assert raw, "the server suggested nothing at the completion position"
+    assert raw, "no completion items"
     first = raw[0]
-    assert first["textEdit"]["newText"].strip(), first
+    assert first["textEdit"]["newText"], first
     assert [m["newText"] for m in comp["menu"]] == [i["textEdit"]["newText"] for i in raw]
     lines_before = text.split("\n")
     assert comp["line_before"] == lines_before[c_row]
@@ -83,16 +80,17 @@ def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path)
 
     # 2) ghost text: the extmark shows the server's inline item; <Tab> inserts exactly it.
     g = r["ghost"]
+    _, g_col, g_typed = ghost_spots[g["spot"] - 1]
     items = h.first_items(g["raw"])
-    assert items, "the server suggested nothing at the ghost text position"
+    assert items, "no inline items"
     item = items[0]
-    assert item["insertText"].strip()
+    assert item["insertText"]
     assert g["extmark"]["row"] == g["cursor"][0] and g["extmark"]["col"] == g["cursor"][1]
     assert g["extmark"]["virt_text_pos"] == "inline"
     assert item["range"]["start"] == {"line": g["cursor"][0], "character": g["cursor"][1]}
     assert g["shown"] == g["suggestion"] == item["insertText"]
     before = "\n".join(g["buffer_before_accept"])
-    assert g["line_typed"] == g["line_before"][:g_col] + GHOST_TYPE + g["line_before"][g_col:]
+    assert g["line_typed"] == g["line_before"][:g_col] + g_typed + g["line_before"][g_col:]
     after = h.apply_edit(before, item["range"], item["insertText"])
     assert "\n".join(g["buffer_after_accept"]) == after
     inserted = item["insertText"].split("\n")

@@ -44,8 +44,6 @@ def _need_tools() -> None:
            f"editors/vscode dependencies not installed ({h.INSTALL_HINT})")
 
 
-TYPE_AT = "    result = ["  # cursor after this (line prefix) ...
-TYPE_TEXT = "v"  # ... then this is typed in the browser
 SCREENSHOT = os.environ.get("DIFFILL_VSCODE_SCREENSHOT")  # e.g. docs/vscode-ghost.png
 
 
@@ -130,7 +128,7 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
     ws.mkdir()
     text = h.SAMPLE
     (ws / "demo.py").write_text(text)
-    row, col = h.position_of(text, TYPE_AT)
+    spots = [(*h.position_of(text, n), typed) for n, typed in h.GHOST_SPOTS]
     user_data = tmp_path / "user-data"
     (user_data / "User").mkdir(parents=True)
     settings = {
@@ -146,7 +144,7 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
         # Only the inline path: no suggest widget competing for Tab.
         "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
         "editor.suggestOnTriggerCharacters": False,
-        "diffill.serverCommand": h.diffill_serve_cmd(),
+        "diffill.serverCommand": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
         "diffill.modelPath": h.model_path(micro_model_dir),
         "diffill.device": "cpu",
     }
@@ -157,9 +155,8 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
         p = _run_code_server_and_driver(_node_env(env), vsix, user_data, tmp_path / "extensions", ws, {
             "chromium": CHROMIUM,
             "fileName": "demo.py",
-            "line": row,
-            "col": col,
-            "typeText": TYPE_TEXT,
+            "original": text,
+            "spots": [{"line": r, "col": c, "typeText": t} for r, c, t in spots],
             "trace": str(trace),
             "result": str(result),
             "screenshot": str(Path(SCREENSHOT).resolve() if SCREENSHOT else tmp_path / "ghost.png"),
@@ -167,18 +164,19 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
         })
     assert result.exists(), f"driver wrote no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stdout[-2000:]}"
+    assert r["ok"], f"{r.get('error')}\n{p.stdout[-2000:]}\n{h.tail(tmp_path / 'server.log')}"
 
     # The inline item VS Code showed (as received through vscode-languageclient).
     shown = r["shownItem"]
     assert shown and shown["items"], r
     item = shown["items"][0]
     insert = item["insertText"]
-    assert insert.strip()
+    assert insert.strip(), insert  # VS Code shows no whitespace-only ghost text
+    row, col, typed_text = spots[r["spot"]]
     typed = text.split("\n")[row]
-    typed = typed[:col] + TYPE_TEXT + typed[col:]
+    typed = typed[:col] + typed_text + typed[col:]
     assert r["textBeforeAccept"].split("\n")[row] == typed
-    assert shown["position"] == [row, col + len(TYPE_TEXT)]
+    assert shown["position"] == [row, col + len(typed_text)]
 
     # Ghost text in the DOM is that item: its pieces (inline spans for the first line, a view
     # zone for further lines) read in order are the item's text, up to layout whitespace.

@@ -57,6 +57,7 @@ function makeClient(): LanguageClient {
     initializationOptions: { [SECTION]: serverOptions(settings()) },
     middleware: {
       provideInlineCompletionItems: async (document, position, context, token, next) => {
+        trace({ event: 'inline-request', version: document.version, position: [position.line, position.character] });
         const result = await next(document, position, context, token);
         const items = Array.isArray(result) ? result : result?.items ?? [];
         trace({

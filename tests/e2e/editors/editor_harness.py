@@ -33,24 +33,36 @@ DRIVER_MODULES = CACHE / "driver" / "node_modules"
 
 INSTALL_HINT = "run .ci/install_editors.sh"
 
-# Functions the micro model was trained on (tests/fixtures/micro_corpus.py), with two lines
-# left unfinished: the tests complete them. ASCII only, so positions are the same in utf-8,
-# utf-16 and utf-32.
-SAMPLE = '''def add_numbers(a, b):
+# Functions the micro model was trained on (tests/fixtures/micro_corpus.py), with lines left
+# unfinished for the tests to complete. ASCII only, so positions are the same in utf-8,
+# utf-16 and utf-32. ("{hole}" keeps trailing blanks out of this source file.)
+SAMPLE = """def add_numbers(a, b):
     total = {hole}
     return total
 
 
 def greet_user(name):
     message = "hello " + name
-    print(message)
+    print(
     return message
 
 
 def square_list(values):
     result = [
     return result
-'''.format(hole="")  # {hole}: "total = " ends with a space, which the source must not
+
+
+def is_even(number):
+    return {hole}
+""".format(hole="")
+
+# Where to ask. A tiny model may have nothing to say at some spot, so each test tries these in
+# order and uses the first where the server suggests something (what the client does with a
+# suggestion is under test, not the model). Completion: cursor at the end of the text.
+COMPLETION_SPOTS = ["    total = ", "    result = [", "    print(", "number):\n    return "]
+# Ghost text: cursor at the end of the text, then the second string is typed.
+GHOST_SPOTS = [("    result = [", "v"), ("    total = ", "a"), ("    print(", "m"),
+               ("number):\n    return ", "n")]
 
 
 def need(ok: bool, reason: str) -> None:
@@ -144,6 +156,14 @@ def apply_edit(text: str, rng: dict[str, Any], new_text: str) -> str:
     a = offset_of(text, rng["start"]["line"], rng["start"]["character"])
     b = offset_of(text, rng["end"]["line"], rng["end"]["character"])
     return text[:a] + new_text + text[b:]
+
+
+def tail(path: Path, chars: int = 3000) -> str:
+    """The end of a log file, for failure messages."""
+    try:
+        return f"--- {path.name}\n" + path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return f"--- {path.name}: not written"
 
 
 def first_items(result: Any) -> list[dict[str, Any]]:

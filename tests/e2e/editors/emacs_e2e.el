@@ -2,7 +2,8 @@
 
 ;; emacs --batch -l emacs_e2e.el   with $DIFFILL_E2E_CONFIG = path of a JSON file:
 ;;   {plugin_dir, cmd, settings, file, result,
-;;    completion: {row, col}, ghost: {row, col, type}}     (0-based rows, character columns)
+;;    completion: [{row, col}, ...], ghost: [{row, col, type}, ...]}
+;; (spots: 0-based rows, character columns; tried in order until the server has a suggestion)
 ;; Writes a JSON result; every check is made by the pytest side.  Exit 0 = the run completed.
 
 ;;; Code:
@@ -44,16 +45,17 @@ EXPLAIN, if given, returns a string added to the failure message."
                                 (if explain (format " (%s)" (ignore-errors (funcall explain))) ""))))
       (accept-process-output nil 0.02))))
 
-(defun e2e-raw-inline ()
-  "The server's inline completion answer at point (automatic trigger), as JSON."
-  (json-encode (jsonrpc-request (eglot-current-server) :textDocument/inlineCompletion
-                                (append (eglot--TextDocumentPositionParams)
-                                        '(:context (:triggerKind 2))))))
-
 (defun e2e-goto (row col)
   (goto-char (point-min))
   (forward-line row)
   (forward-char (min col (- (line-end-position) (point)))))
+
+(defvar e2e-original nil "The document as opened.")
+(defun e2e-restore ()
+  "Put the buffer back to the original document (sent to the server as a change)."
+  (erase-buffer)
+  (insert e2e-original)
+  (diffill-inline-dismiss))
 
 (defun e2e-line ()
   (buffer-substring-no-properties (line-beginning-position) (line-end-position)))
@@ -74,6 +76,7 @@ EXPLAIN, if given, returns a string added to the failure message."
             diffill-inline-delay 0.05)
       (diffill-setup)
       (find-file (e2e-get e2e-cfg 'file))
+      (setq e2e-original (buffer-substring-no-properties (point-min) (point-max)))
       (apply #'eglot (eglot--guess-contact))
       (unless (diffill--server) (e2e-finish nil "no diffill server"))
       (e2e-put 'connected_ms (e2e-ms))
@@ -90,67 +93,97 @@ EXPLAIN, if given, returns a string added to the failure message."
       (e2e-put 'managed (if eglot--managed-mode t :json-false))
       (e2e-put 'inline_mode (if diffill-inline-mode t :json-false))
 
-      ;; 1) completion-at-point (eglot's capf) inserts the server's completion.
-      (let ((c (e2e-get e2e-cfg 'completion)))
-        (when c
-          (e2e-goto (alist-get 'row c) (alist-get 'col c))
-          (let ((raw (jsonrpc-request (eglot-current-server) :textDocument/completion
-                                      (append (eglot--TextDocumentPositionParams)
-                                              '(:context (:triggerKind 1)))))
-                (line-before (e2e-line))
-                (capf (eglot-completion-at-point)))
-            (when (seq-empty-p (plist-get raw :items))
-              (e2e-finish nil "the server suggested nothing at the completion position"))
-            (e2e-put 'completion
-                     `((line_before . ,line-before)
-                       (raw . ,raw)
-                       (candidates . ,(vconcat
-                                       (mapcar #'substring-no-properties
-                                               (all-completions
-                                                (buffer-substring-no-properties (nth 0 capf) (point))
-                                                (nth 2 capf)))))))
-            (let ((t1 (e2e-ms)))
-              (diffill-inline-dismiss)
-              (completion-at-point)
-              (e2e-put 'completion
-                       (append (alist-get 'completion e2e-result)
-                               `((line_after . ,(e2e-line))
-                                 (buffer_after . ,(buffer-substring-no-properties (point-min) (point-max)))
-                                 (ms . ,(- (e2e-ms) t1)))))))))
+      ;; 1) completion-at-point (eglot's capf) inserts the server's completion.  Spots are
+      ;;    tried in order until the server suggests something at one.
+      (let ((spots (append (e2e-get e2e-cfg 'completion) nil))
+            (i 0) (done nil))
+        (while (and spots (not done))
+          (let ((c (pop spots)))
+            (setq i (1+ i))
+            (e2e-goto (alist-get 'row c) (alist-get 'col c))
+            (let ((raw (jsonrpc-request (eglot-current-server) :textDocument/completion
+                                        (append (eglot--TextDocumentPositionParams)
+                                                '(:context (:triggerKind 1)))))
+                  (line-before (e2e-line)))
+              (if (seq-empty-p (plist-get raw :items))
+                  (e2e-put 'completion_skipped i)
+                (setq done t)
+                (let ((capf (eglot-completion-at-point))
+                      (t1 (e2e-ms)))
+                  (e2e-put 'completion
+                           `((spot . ,i)
+                             (line_before . ,line-before)
+                             (raw . ,raw)
+                             (candidates . ,(vconcat
+                                             (mapcar #'substring-no-properties
+                                                     (all-completions
+                                                      (buffer-substring-no-properties (nth 0 capf) (point))
+                                                      (nth 2 capf)))))))
+                  (diffill-inline-dismiss)
+                  (completion-at-point)
+                  (e2e-put 'completion
+                           (append (alist-get 'completion e2e-result)
+                                   `((line_after . ,(e2e-line))
+                                     (buffer_after . ,(buffer-substring-no-properties (point-min) (point-max)))
+                                     (ms . ,(- (e2e-ms) t1))))))
+                (e2e-restore)))))
+        (unless done
+          (e2e-finish nil "the server suggested nothing at any completion spot")))
 
-      ;; 2) diffill-inline-mode: typing shows an overlay; TAB accepts it.
-      (let* ((g (e2e-get e2e-cfg 'ghost)))
-        (e2e-goto (alist-get 'row g) (alist-get 'col g))
-        (diffill-inline-dismiss)
-        (let ((line-before (e2e-line))
-              (t1 (e2e-ms)))
-          (execute-kbd-macro (alist-get 'type g)) ; self-insert-command, as if typed
-          (e2e-wait "ghost text" #'diffill-inline-suggestion 120
-                    (lambda () (concat "the server answers " (e2e-raw-inline) " at point")))
-          (let* ((ov (cl-find-if (lambda (o) (overlay-get o 'diffill))
-                                 (overlays-in (point-min) (point-max))))
-                 (shown (substring-no-properties (overlay-get ov 'after-string)))
-                 (raw (jsonrpc-request (eglot-current-server) :textDocument/inlineCompletion
-                                       (append (eglot--TextDocumentPositionParams)
-                                               '(:context (:triggerKind 2)))))
-                 (before (buffer-substring-no-properties (point-min) (point-max)))
-                 (point-before (1- (point))))
-            (e2e-put 'ghost
-                     `((ms . ,(- (e2e-ms) t1))
-                       (line_before . ,line-before)
-                       (line_typed . ,(e2e-line))
-                       (overlay_at . ,(1- (overlay-start ov)))
-                       (shown . ,shown)
-                       (suggestion . ,(diffill-inline-suggestion))
-                       (raw . ,raw)
-                       (buffer_before_accept . ,before)
-                       (point_before_accept . ,point-before)))
-            (execute-kbd-macro (kbd "TAB"))
-            (e2e-put 'ghost
-                     (append (alist-get 'ghost e2e-result)
-                             `((buffer_after_accept . ,(buffer-substring-no-properties (point-min) (point-max)))
-                               (point_after_accept . ,(1- (point)))
-                               (overlay_after_accept . ,(if (diffill-inline-visible-p) t :json-false))))))))
+      ;; 2) diffill-inline-mode: typing shows an overlay; TAB accepts it.  Spots are tried in
+      ;;    order until the server suggests something at one.
+      (let ((answers 0))
+        (add-hook 'diffill-inline-answer-functions (lambda (_items) (cl-incf answers)) nil t)
+        (let ((spots (append (e2e-get e2e-cfg 'ghost) nil))
+              (i 0) (done nil))
+          (while (and spots (not done))
+            (let ((g (pop spots)))
+              (setq i (1+ i))
+              (e2e-goto (alist-get 'row g) (alist-get 'col g))
+              (diffill-inline-dismiss)
+              (let ((line-before (e2e-line))
+                    (t1 (e2e-ms))
+                    (answers0 answers)
+                    (answered-at nil))
+                (execute-kbd-macro (alist-get 'type g)) ; self-insert-command, as if typed
+                (e2e-wait "ghost text or an empty answer"
+                          (lambda ()
+                            (or (diffill-inline-suggestion)
+                                (and (> answers answers0)
+                                     (> (- (float-time) (setq answered-at (or answered-at (float-time))))
+                                        0.5))))
+                          120)
+                (if (not (diffill-inline-suggestion))
+                    (progn (e2e-put 'ghost_skipped i)
+                           (e2e-restore))
+                  (setq done t)
+                  (let* ((ov (cl-find-if (lambda (o) (overlay-get o 'diffill))
+                                         (overlays-in (point-min) (point-max))))
+                         (shown (substring-no-properties (overlay-get ov 'after-string)))
+                         (raw (jsonrpc-request (eglot-current-server) :textDocument/inlineCompletion
+                                               (append (eglot--TextDocumentPositionParams)
+                                                       '(:context (:triggerKind 2)))))
+                         (before (buffer-substring-no-properties (point-min) (point-max)))
+                         (point-before (1- (point))))
+                    (e2e-put 'ghost
+                             `((spot . ,i)
+                               (ms . ,(- (e2e-ms) t1))
+                               (line_before . ,line-before)
+                               (line_typed . ,(e2e-line))
+                               (overlay_at . ,(1- (overlay-start ov)))
+                               (shown . ,shown)
+                               (suggestion . ,(diffill-inline-suggestion))
+                               (raw . ,raw)
+                               (buffer_before_accept . ,before)
+                               (point_before_accept . ,point-before)))
+                    (execute-kbd-macro (kbd "TAB"))
+                    (e2e-put 'ghost
+                             (append (alist-get 'ghost e2e-result)
+                                     `((buffer_after_accept . ,(buffer-substring-no-properties (point-min) (point-max)))
+                                       (point_after_accept . ,(1- (point)))
+                                       (overlay_after_accept . ,(if (diffill-inline-visible-p) t :json-false))))))))))
+          (unless done
+            (e2e-finish nil "the server suggested nothing at any ghost text spot"))))
       (e2e-put 'status (diffill-status))
       ;; diffill-toggle pushes enabled=false with workspace/didChangeConfiguration.
       (diffill-toggle)

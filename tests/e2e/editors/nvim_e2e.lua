@@ -1,8 +1,9 @@
 -- Headless Neovim end-to-end run of editors/nvim against a real `diffill serve`.
 --   nvim --headless --clean -u nvim_e2e.lua      with $DIFFILL_E2E_CONFIG = path of a JSON file:
 --   { plugin_dir, cmd, settings, file, result,
---     completion = { row, col },            -- 0-based row, byte col: insert position
---     ghost = { row, col, type } }          -- insert position, then `type` is typed
+--     completion = { { row, col }, ... },        -- spots: 0-based row, byte col to insert at
+--     ghost = { { row, col, type }, ... } }      -- spots: insert position, then `type` is typed
+-- Spots are tried in order until the server has a suggestion at one.
 -- Writes a JSON result; every check is made by the pytest side. Exit 0 = the run completed.
 --
 -- Typeahead (feedkeys) runs only when control returns to the main loop, so the steps are chained
@@ -110,21 +111,59 @@ local function ghost_extmarks()
   return vim.api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })
 end
 
+-- Answers to inlineCompletion requests received so far (LspRequest "complete" events).
+local inline_answers = 0
+vim.api.nvim_create_autocmd('LspRequest', {
+  callback = function(ev)
+    local req = ev.data and ev.data.request
+    if req and req.type == 'complete' and req.method == 'textDocument/inlineCompletion' then
+      inline_answers = inline_answers + 1
+    end
+  end,
+})
+
+--- Put the buffer back to the original document (sent to the server as a change).
+local function restore(k)
+  vim.api.nvim_feedkeys(vim.keycode('<Esc>'), 'n', false)
+  poll('normal mode', function()
+    return vim.api.nvim_get_mode().mode == 'n'
+  end, function()
+    vim.api.nvim_buf_set_lines(bufnr, 0, -1, false, R.original)
+    k()
+  end, 5000)
+end
+
 -- Step 2: ghost text from textDocument/inlineCompletion, accepted with the plugin's key.
-local function ghost_step()
-  local g = cfg.ghost
+-- Spots are tried in order until the model suggests something at one (a micro model may
+-- have nothing to say at some of them); R.ghost_skipped counts the ones passed over.
+local function ghost_step(i)
+  local g = cfg.ghost[i]
+  if not g then
+    return finish(false, ('the server suggested nothing at any of the %d ghost text spots'):format(#cfg.ghost))
+  end
   insert_at(g.row, g.col, function()
     local before = line(g.row)
     local typed_at = ms()
+    local answers0 = inline_answers
+    local answered_at = nil
     vim.api.nvim_feedkeys(g.type, 'nt', false) -- as if typed: TextChangedI fires
-    local function explain()
-      local cur = vim.api.nvim_win_get_cursor(0)
-      local res = raw('textDocument/inlineCompletion', cur[1] - 1, cur[2], { context = { triggerKind = 2 } })
-      return 'the server answers ' .. vim.json.encode(res or vim.NIL) .. ' at the cursor'
-    end
-    poll('ghost text', function()
-      return #ghost_extmarks() > 0 and require('diffill').suggestion() ~= nil
-    end, function()
+    poll('ghost text or an empty answer', function()
+      if #ghost_extmarks() > 0 and require('diffill').suggestion() ~= nil then
+        return 'shown'
+      end
+      if inline_answers > answers0 then
+        answered_at = answered_at or ms()
+        if ms() - answered_at > 500 then
+          return 'empty'
+        end
+      end
+    end, function(outcome)
+      if outcome == 'empty' then
+        R.ghost_skipped = (R.ghost_skipped or 0) + 1
+        return restore(function()
+          ghost_step(i + 1)
+        end)
+      end
       R.steps.ghost_ms = ms() - typed_at
       local marks = ghost_extmarks()
       local d = marks[1][4]
@@ -146,6 +185,7 @@ local function ghost_step()
       end
       local cur = vim.api.nvim_win_get_cursor(0)
       R.ghost = {
+        spot = i,
         line_before = before,
         line_typed = line(g.row),
         cursor = { cur[1] - 1, cur[2] },
@@ -175,21 +215,28 @@ local function ghost_step()
           finish(true)
         end, 10000)
       end, 10000)
-    end, 60000, explain)
+    end, 90000)
   end)
 end
 
--- Step 1: completion item through vim.lsp.completion, accepted with <C-y>.
-local function completion_step()
-  local c = cfg.completion
+-- Step 1: completion item through vim.lsp.completion, accepted with <C-y>. Spots are tried
+-- in order until the server suggests something at one.
+local function completion_step(i)
+  local c = cfg.completion[i]
+  if not c then
+    return finish(false, ('the server suggested nothing at any of the %d completion spots'):format(#cfg.completion))
+  end
   insert_at(c.row, c.col, function()
-    R.completion = { line_before = line(c.row) }
-    -- The plain request first: fails fast when the model has nothing to say here, and the
+    R.completion = { spot = i, line_before = line(c.row) }
+    -- The plain request first: it tells whether the model has anything to say here, and the
     -- menu's request below then gets the same answer (the server caches it).
     local cur0 = vim.api.nvim_win_get_cursor(0)
     R.completion.raw = raw('textDocument/completion', cur0[1] - 1, cur0[2], { context = { triggerKind = 1 } })
     if #((R.completion.raw or {}).items or R.completion.raw or {}) == 0 then
-      return finish(false, 'the server suggested nothing at the completion position')
+      R.completion_skipped = (R.completion_skipped or 0) + 1
+      return restore(function()
+        completion_step(i + 1)
+      end)
     end
     local t = ms()
     vim.lsp.completion.get() -- what <C-x><C-o> does with the LSP omnifunc
@@ -198,9 +245,9 @@ local function completion_step()
     end, function()
       R.steps.completion_menu_ms = ms() - t
       local items = vim.fn.complete_info({ 'items' }).items
-      R.completion.menu = vim.tbl_map(function(i)
-        local lsp_item = vim.tbl_get(i, 'user_data', 'nvim', 'lsp', 'completion_item') or {}
-        return { word = i.word, newText = lsp_item.textEdit and lsp_item.textEdit.newText, label = lsp_item.label }
+      R.completion.menu = vim.tbl_map(function(it)
+        local lsp_item = vim.tbl_get(it, 'user_data', 'nvim', 'lsp', 'completion_item') or {}
+        return { word = it.word, newText = lsp_item.textEdit and lsp_item.textEdit.newText, label = lsp_item.label }
       end, items)
       local done = false
       vim.api.nvim_create_autocmd('CompleteDone', {
@@ -217,7 +264,10 @@ local function completion_step()
         vim.defer_fn(function() -- the textEdit is applied right after CompleteDone
           R.completion.line_after = line(c.row)
           R.completion.buffer_after = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
-          ghost_step()
+          -- Back to the original document: the ghost text spots refer to it.
+          restore(function()
+            ghost_step(1)
+          end)
         end, 50)
       end, 10000)
     end, 60000)
@@ -229,6 +279,7 @@ vim.api.nvim_create_autocmd('VimEnter', {
   callback = function()
     vim.cmd.edit(cfg.file)
     bufnr = vim.api.nvim_get_current_buf()
+    R.original = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
     R.filetype = vim.bo[bufnr].filetype
     poll('diffill client attached', function()
       local c = vim.lsp.get_clients({ bufnr = bufnr, name = 'diffill' })[1]
@@ -251,9 +302,9 @@ vim.api.nvim_create_autocmd('VimEnter', {
       end, function()
         R.steps.loaded_ms = ms()
         if cfg.completion then
-          completion_step()
+          completion_step(1)
         else
-          ghost_step()
+          ghost_step(1)
         end
       end, 120000)
     end, 60000)

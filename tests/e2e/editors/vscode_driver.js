@@ -8,7 +8,8 @@
 // know what the server suggested and what ended up in the document.
 //
 // Usage: node vscode_driver.js CONFIG.json      (exit 0: the run completed; the checks are pytest's)
-// CONFIG: { url, chromium, fileName, line, col (0-based), typeText, trace, result, screenshot, timeoutMs }
+// CONFIG: { url, chromium, fileName, original (the document's text), trace, result, screenshot,
+//          timeoutMs, spots: [{ line, col (0-based), typeText }, ...] }
 'use strict';
 const fs = require('fs');
 const { chromium } = require('playwright-core');
@@ -71,28 +72,59 @@ const GHOST = '.ghost-text-decoration, .ghost-text';
     await until('editor focus', () => page.evaluate(() => !!document.activeElement?.closest('.monaco-editor')), 10000);
     R.steps.fileOpen = ms();
 
-    // Go to line:column (Ctrl+G, 1-based) and type there.
-    await page.keyboard.press('Control+G');
-    await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
-    await page.keyboard.type(`${cfg.line + 1}:${cfg.col + 1}`);
-    await page.keyboard.press('Enter');
-    await until('cursor placed', () => page.evaluate(() => !!document.activeElement?.closest('.monaco-editor')), 10000);
-    const nInline = traceEvents().filter((e) => e.event === 'inline').length;
-    const typedAt = ms();
-    await page.keyboard.type(cfg.typeText, { delay: 40 });
-
-    // Ghost text in the DOM, then the inline item that produced it (from the trace).
     // Ghost text pieces in document order (outermost matching elements only): VS Code draws
     // the first line as inline decorations (possibly several spans) and further lines in a
     // view zone below.
     const readGhost = () => page.$$eval(GHOST, (els, sel) => els
       .filter((e) => !e.parentElement || !e.parentElement.closest(sel))
       .map((e) => e.textContent.replace(/\u00a0/g, ' ')), GHOST);
-    await until('ghost text in the DOM', async () => (await readGhost()).join('').trim(), cfg.timeoutMs)
-      .catch((e) => {
-        const last = traceEvents().filter((x) => x.event === 'inline').pop();
-        throw new Error(`${e.message} (last inline answer: ${JSON.stringify(last || null)})`);
+
+    // Spots are tried in order until the server suggests something at one: go to line:column
+    // (Ctrl+G, 1-based), type, and wait for ghost text or for an answer without any text.
+    let typedAt = 0;
+    let nInline = 0;
+    R.spot = null;
+    for (let i = 0; i < cfg.spots.length && R.spot === null; i++) {
+      const spot = cfg.spots[i];
+      await page.keyboard.press('Control+G');
+      await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
+      await page.keyboard.type(`${spot.line + 1}:${spot.col + 1}`);
+      await page.keyboard.press('Enter');
+      await until('cursor placed', () => page.evaluate(() => !!document.activeElement?.closest('.monaco-editor')), 10000);
+      nInline = traceEvents().filter((e) => e.event === 'inline').length;
+      typedAt = ms();
+      await page.keyboard.type(spot.typeText, { delay: 40 });
+      const at = [spot.line, spot.col + spot.typeText.length];
+      let emptySince = null;
+      const outcome = await until('ghost text in the DOM', async () => {
+        if ((await readGhost()).join('').trim()) return 'shown';
+        const answers = traceEvents().filter((e) => e.event === 'inline').slice(nInline)
+          .filter((e) => e.position[0] === at[0] && e.position[1] === at[1]);
+        if (answers.length && answers.every((e) => e.items.every((it) => !it.insertText.trim()))) {
+          emptySince = emptySince ?? Date.now();
+          if (Date.now() - emptySince > 500) return 'empty';
+        }
+        return null;
+      }, cfg.timeoutMs).catch((e) => {
+        const ev = traceEvents();
+        const asked = ev.filter((x) => x.event === 'inline-request').length;
+        const last = ev.filter((x) => x.event === 'inline').pop();
+        throw new Error(`${e.message} (spot ${i}: ${asked} inline requests so far, last answer: ` +
+          `${JSON.stringify(last || null)})`);
       });
+      if (outcome === 'shown') {
+        R.spot = i;
+      } else {
+        R.skippedSpots = (R.skippedSpots || 0) + 1;
+        await page.keyboard.press('Escape');
+        await page.keyboard.press('Control+Z'); // back to the original document
+        await until('undo', () => {
+          const t = traceEvents().filter((e) => e.event === 'text');
+          return t.length && t[t.length - 1].text === cfg.original;
+        }, 10000);
+      }
+    }
+    if (R.spot === null) throw new Error('the server suggested nothing at any spot');
     R.ghostMs = ms() - typedAt;
     await sleep(150); // let VS Code settle (it may re-render once after the item arrived)
     R.ghostDom = await readGhost();
