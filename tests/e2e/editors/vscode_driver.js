@@ -84,7 +84,16 @@ const GHOST = '.ghost-text-decoration, .ghost-text';
     let typedAt = 0;
     let nInline = 0;
     R.spot = null;
-    for (let i = 0; i < cfg.spots.length && R.spot === null; i++) {
+    const requestsSoFar = () => traceEvents().filter((e) => e.event === 'inline-request').length;
+    const undoToOriginal = async () => {
+      await page.keyboard.press('Escape');
+      await page.keyboard.press('Control+Z'); // back to the original document
+      await until('undo', () => {
+        const t = traceEvents().filter((e) => e.event === 'text');
+        return t.length && t[t.length - 1].text === cfg.original;
+      }, 10000);
+    };
+    for (let i = 0, attempt = 0; i < cfg.spots.length && R.spot === null; attempt++) {
       const spot = cfg.spots[i];
       await page.keyboard.press('Control+G');
       await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
@@ -92,9 +101,27 @@ const GHOST = '.ghost-text-decoration, .ghost-text';
       await page.keyboard.press('Enter');
       await until('cursor placed', () => page.evaluate(() => !!document.activeElement?.closest('.monaco-editor')), 10000);
       nInline = traceEvents().filter((e) => e.event === 'inline').length;
+      const nRequests = requestsSoFar();
       typedAt = ms();
       await page.keyboard.type(spot.typeText, { delay: 40 });
       const at = [spot.line, spot.col + spot.typeText.length];
+      // VS Code asks by itself after a keystroke, but now and then it does not (seen right
+      // after the file opened): then ask the way a user would, with Alt+\ (Trigger Inline
+      // Suggestion), and if that is not heard either, type the spot again.
+      let asked = await until('inline request', () => requestsSoFar() > nRequests, 3000).catch(() => false);
+      if (!asked) {
+        R.manualTriggers = (R.manualTriggers || 0) + 1;
+        await page.keyboard.press('Alt+Backslash');
+        asked = await until('inline request', () => requestsSoFar() > nRequests, 5000).catch(() => false);
+      }
+      if (!asked) {
+        if (attempt >= 2) throw new Error(`VS Code sent no inline completion request at spot ${i}`);
+        R.retypes = (R.retypes || 0) + 1;
+        await undoToOriginal();
+        await sleep(1000);
+        continue;
+      }
+      attempt = -1;
       let emptySince = null;
       const outcome = await until('ghost text in the DOM', async () => {
         if ((await readGhost()).join('').trim()) return 'shown';
@@ -116,12 +143,8 @@ const GHOST = '.ghost-text-decoration, .ghost-text';
         R.spot = i;
       } else {
         R.skippedSpots = (R.skippedSpots || 0) + 1;
-        await page.keyboard.press('Escape');
-        await page.keyboard.press('Control+Z'); // back to the original document
-        await until('undo', () => {
-          const t = traceEvents().filter((e) => e.event === 'text');
-          return t.length && t[t.length - 1].text === cfg.original;
-        }, 10000);
+        await undoToOriginal();
+        i++;
       }
     }
     if (R.spot === null) throw new Error('the server suggested nothing at any spot');
@@ -166,6 +189,12 @@ const GHOST = '.ghost-text-decoration, .ghost-text';
   } catch (e) {
     R.ok = false;
     R.error = String(e && e.stack ? e.stack : e);
+    R.focus = await page.evaluate(() => {
+      const a = document.activeElement;
+      return a ? `${a.tagName}.${a.className} in ${a.closest('[class]')?.className}` : null;
+    }).catch(() => null);
+    R.notifications = await page.$$eval('.notification-toast, .notifications-toasts .monaco-list-row',
+      (els) => els.map((x) => x.textContent.trim().slice(0, 200))).catch(() => null);
     await page.screenshot({ path: cfg.result.replace(/\.json$/, '-failure.png') }).catch(() => undefined);
   } finally {
     R.totalMs = ms();
