@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1, auto")
     add_threads_option(p)
     p.add_argument("--tcp", default=None, metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    p.add_argument("--stdio", action="store_true",
+                   help="use stdin/stdout (the default; accepted because many clients pass it)")
     p.add_argument("--log-file", default=None, help="write logs here (default: stderr)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level (default info); buffer contents are redacted at every level ...")
