@@ -28,7 +28,6 @@ import math
 import os
 import platform
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -126,16 +125,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def _median_ms(fn: Callable[[], Any], dev: torch.device, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    return statistics.median(timed(fn, dev, repeats, warmup))
 
 
 def measure_floors(device: torch.device | str, dtype: torch.dtype, *, copy_mb: int = 1024,
@@ -193,16 +183,9 @@ def _summary(ms: list[float]) -> dict[str, float]:
 
 
 def timed(fn: Callable[[], Any], dev: torch.device, repeats: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+    from .plan import time_ms
+
+    return time_ms(fn, dev, warmup=warmup, repeats=repeats)
 
 
 def request_for(cfg: ModelConfig, ctx: int, seed: int = 0) -> tuple[list[int], list[int]]:
