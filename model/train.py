@@ -3,6 +3,19 @@
 Loss and batches: :mod:`diffill.model.data` (MDLM/LLaDA ELBO with 1/t weights,
 plain windows mixed with FIM canvases shaped like the sampler's).
 
+Two objectives share the transformer (``--objective``):
+
+* ``mdm`` -- masked diffusion, the model diffill serves.
+* ``ar`` -- causal next-token pre-training of the same weights, a warm start.
+  Measured on the 2-core CPU (d=192, 6 layers, 4k-token batches, lr 3e-3): from
+  scratch the diffusion loss sat on the unigram plateau (~7.0 nats on plain
+  windows, context unused) for 1,000+ steps, while the causal loss passed the
+  unigram entropy (6.55) within 150 steps. So the default model is trained like
+  Dream: ``--objective ar --shift-logits`` first, then ``--init-from`` that run
+  with ``--shift-logits`` and the diffusion objective (full attention; the
+  shifted head keeps "hidden state i predicts token i+1", which the sampler and
+  the caches honour for every shift model).
+
 Optimiser: AdamW (decoupled weight decay) on matrices only -- norms, biases and
 (by default) the embedding, which is also the tied output head, get no decay.
 Schedule: linear warm-up over ``warmup`` steps, then cosine decay to
@@ -67,6 +80,12 @@ class TrainConfig:
     ffn: int = 704
     rope_theta: float = 10000.0
     qk_norm: bool = True
+    # Dream-style shifted head: position i predicts token i+1 (what a causal LM's head
+    # does). Needed to start the diffusion phase from an autoregressive phase.
+    shift_logits: bool = False
+    # "mdm": masked diffusion (the model diffill ships); "ar": causal next-token
+    # pre-training of the same transformer (a warm start for "mdm" with shift_logits).
+    objective: str = "mdm"
     # data
     seq_len: int = 512
     batch_tokens: int = 8192
@@ -120,7 +139,7 @@ class TrainConfig:
             pad_token_id=sp.pad,
             eos_token_id=sp.eos,
             bos_token_id=sp.bos,
-            shift_logits=False,
+            shift_logits=self.shift_logits,
         )
 
     def data_config(self) -> DataConfig:
@@ -188,8 +207,11 @@ def diffusion_loss(
     ids, att, tgt, w = batch["input_ids"], batch["attention_mask"], batch["targets"], batch["weights"]
     B = ids.shape[0]
     fwd = body if body is not None else model.forward_hidden
+    shift = model.config.shift_logits
     with autocast_ctx(ids.device, bf16):
         hidden, _ = fwd(ids, att)  # [B, T, D]
+        if shift:  # slot i is read from the hidden state at i-1 (slot 0 has none: no loss)
+            hidden, tgt, w = hidden[:, :-1], tgt[:, 1:], w[:, 1:]
         sel = w > 0  # [B, T]
         logits = model.head(hidden[sel])  # [M, V]
     ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")  # [M]
@@ -200,17 +222,42 @@ def diffusion_loss(
     return loss, {"rows": rows}
 
 
+def ar_loss(
+    model: Transformer,
+    batch: dict[str, torch.Tensor],
+    bf16: bool,
+    body: Any = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Causal next-token cross-entropy over the clean rows (``targets``), the same
+    transformer with a causal mask: the warm-start phase. Returns (mean loss over the
+    predicted tokens, per-row mean loss [B] detached)."""
+    tgt, att = batch["targets"], batch["attention_mask"]
+    B = tgt.shape[0]
+    fwd = body if body is not None else model.forward_hidden
+    key_mask = None if bool(att.all()) else att[:, :-1]
+    with autocast_ctx(tgt.device, bf16):
+        hidden, _ = fwd(tgt[:, :-1], key_mask, causal=True)
+        logits = model.head(hidden)
+    valid = att[:, 1:]
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt[:, 1:].reshape(-1),
+                         reduction="none").view(B, -1) * valid
+    loss = ce.sum() / valid.sum().clamp(min=1)
+    rows = ce.detach().sum(1) / valid.sum(1).clamp(min=1)
+    return loss, {"rows": rows}
+
+
 def reference_loss(model: Transformer, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Slow reference: full logits everywhere, explicit per-row sums (fp32)."""
     logits = model(batch["input_ids"], batch["attention_mask"]).float()  # [B, T, V]
     logp = logits.log_softmax(-1)
     B, T = batch["input_ids"].shape
+    shift = 1 if model.config.shift_logits else 0  # slot i read from position i - 1
     total = torch.zeros((), dtype=torch.float32)
     for b in range(B):
-        for i in range(T):
+        for i in range(shift, T):
             wt = float(batch["weights"][b, i])
             if wt > 0:
-                total = total - wt * logp[b, i, batch["targets"][b, i]]
+                total = total - wt * logp[b, i - shift, batch["targets"][b, i]]
     return total / B
 
 
@@ -309,7 +356,12 @@ class Trainer:
         data_cfg: DataConfig | None = None,
         meta: dict[str, Any] | None = None,
         resume: str | Path | None = None,
+        init_from: str | Path | None = None,
     ) -> None:
+        if tc.objective not in ("mdm", "ar"):
+            raise ValueError(f"objective must be 'mdm' or 'ar', got {tc.objective!r}")
+        if tc.objective == "ar" and not tc.shift_logits:
+            raise ValueError("objective 'ar' trains a shifted head: set shift_logits")
         self.tc = tc
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -344,6 +396,12 @@ class Trainer:
         self.body = None
         if tc.compile:
             self.body = torch.compile(self.model.forward_hidden, dynamic=True)
+        self.loss_fn = ar_loss if tc.objective == "ar" else diffusion_loss
+        self.init_info: dict[str, Any] | None = None
+        if init_from and resume:
+            raise ValueError("give --init-from or --resume, not both")
+        if init_from:
+            self.init_weights_from(find_checkpoint(init_from))
         if resume:
             self.load_state(find_checkpoint(resume))
 
@@ -359,6 +417,7 @@ class Trainer:
             "train_config": asdict(self.tc),
             "last_loss": self.last_loss,
             "last_val": self.last_val,
+            "init_info": self.init_info,
         }
 
     def load_state(self, ckpt: Path) -> None:
@@ -370,15 +429,36 @@ class Trainer:
         self.data.set_state(st["data_rng"])
         torch.set_rng_state(st["torch_rng"])
         self.last_loss, self.last_val = st.get("last_loss", float("nan")), st.get("last_val")
+        self.init_info = st.get("init_info")
+
+    def init_weights_from(self, ckpt: Path) -> None:
+        """Start from another run's weights (same shape) with a fresh optimiser,
+        schedule and step count; its token count carries over into ``tokens_seen``."""
+        cfg = json.loads((ckpt / "config.json").read_text())
+        for key, want in (("hidden_size", self.cfg.hidden_size), ("num_hidden_layers", self.cfg.num_layers),
+                          ("vocab_size", self.cfg.vocab_size)):
+            if cfg.get(key) != want:
+                raise ValueError(f"{ckpt}: {key}={cfg.get(key)} does not match this run's {want}")
+        sd = load_file(str(ckpt / "model.safetensors"))
+        self.model.load_state_dict({k: v.float() for k, v in sd.items()})
+        prov = cfg.get("provenance") or {}
+        self.init_info = {"checkpoint": str(ckpt), "objective": prov.get("objective", "mdm"),
+                          "tokens_seen": int(prov.get("tokens_seen") or 0),
+                          "steps": prov.get("steps"), "val_loss": prov.get("val_loss"),
+                          "training_seconds": prov.get("training_seconds")}
 
     def provenance(self) -> dict[str, Any]:
         tc = self.tc
+        prior = self.init_info or {}
         return {
             "corpus_manifest_sha256": self.meta.get("manifest_sha256"),
             "tokenizer_sha256": sha256_file(self.tokenizer_path),
             "parameters": self.model.num_parameters(),
-            "tokens_seen": self.tokens,
+            "tokens_seen": self.tokens + int(prior.get("tokens_seen") or 0),
             "steps": self.step,
+            "objective": tc.objective,
+            "shift_logits": tc.shift_logits,
+            "init_from": prior or None,
             "train_loss": None if math.isnan(self.last_loss) else round(self.last_loss, 4),
             "val_loss": None if self.last_val is None else round(self.last_val, 4),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -388,7 +468,7 @@ class Trainer:
             "seq_len": self.dcfg.seq_len,
             "fim_ratio": self.dcfg.fim_ratio,
             "hole_buckets": list(self.dcfg.hole_buckets),
-            "training_seconds": round(self.elapsed, 1),
+            "training_seconds": round(self.elapsed + float(prior.get("training_seconds") or 0), 1),
         }
 
     def save(self) -> Path:
@@ -426,7 +506,7 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         tb = batch.torch(self.device)
-        loss, _ = diffusion_loss(self.model, tb, self.tc.bf16, self.body)
+        loss, _ = self.loss_fn(self.model, tb, self.tc.bf16, self.body)
         loss.backward()
         if self.tc.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
@@ -446,7 +526,7 @@ class Trainer:
         all_sum, all_n = 0.0, 0
         for b in self.val:
             tb = b.torch(self.device)
-            _, aux = diffusion_loss(self.model, tb, self.tc.bf16, self.body)
+            _, aux = self.loss_fn(self.model, tb, self.tc.bf16, self.body)
             rows = aux["rows"].cpu().numpy()
             for r, k in zip(rows, b.kind, strict=True):
                 tot[int(k)][0] += float(r)
@@ -651,6 +731,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=d.bf16)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--resume", help="run folder or checkpoint folder to continue from")
+    p.add_argument("--init-from", help="checkpoint whose weights start this run (fresh optimiser "
+                   "and schedule), e.g. the autoregressive warm start")
+    p.add_argument("--objective", choices=("mdm", "ar"), default=d.objective,
+                   help="mdm: masked diffusion (default); ar: causal next-token warm start")
+    p.add_argument("--shift-logits", action=argparse.BooleanOptionalAction, default=d.shift_logits,
+                   help="position i predicts token i+1 (required by --objective ar and by "
+                   "diffusion runs started from it)")
     p.add_argument("--save-every-min", type=float, default=d.save_every_min)
     p.add_argument("--eval-every-min", type=float, default=d.eval_every_min)
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
@@ -682,6 +769,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         log_every=args.log_every, eval_every_min=args.eval_every_min,
         eval_batches=args.eval_batches, save_every_min=args.save_every_min,
         progress=not args.no_progress, command=" ".join(sys.argv),
+        objective=args.objective, shift_logits=args.shift_logits,
     )
     if not (tc.max_tokens or tc.max_steps or tc.max_time_min):
         print("diffill train: give at least one of --max-tokens/--max-steps/--max-time-min",
@@ -689,7 +777,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     train_src = TokenSource.from_files(data, "train")
     val_src = TokenSource.from_files(data, "heldout") if (data / "heldout.bin").is_file() else None
-    tr = Trainer(tc, args.out, tok_path, train_src, val_src, meta=meta, resume=args.resume)
+    tr = Trainer(tc, args.out, tok_path, train_src, val_src, meta=meta, resume=args.resume,
+                 init_from=args.init_from)
     print(f"model: {tr.model.num_parameters() / 1e6:.2f}M parameters, batch {tr.batch_size}x"
           f"{tc.seq_len}, device {tr.device}, threads {torch.get_num_threads()}, bf16 {tc.bf16}",
           file=sys.stderr)

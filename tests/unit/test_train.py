@@ -14,6 +14,7 @@ from diffill.model.train import (
     MICRO_TRAIN,
     TrainConfig,
     Trainer,
+    ar_loss,
     diffusion_loss,
     lr_at,
     micro_files,
@@ -246,3 +247,92 @@ def test_checkpoint_is_a_loadable_diffill_folder(tok_and_src, tmp_path):
         got = lm.model(ids)
     assert torch.allclose(want, got.float(), atol=1e-5)
     assert math.isfinite(float(got.sum()))
+
+
+# --------------------------------------------------------------------------- AR warm start
+
+
+def test_shifted_loss_matches_slow_reference(tok_and_src):
+    """shift_logits: slot i is scored from the hidden state at i - 1 (Dream-style head)."""
+    _, path, src, _ = tok_and_src
+    tr = Trainer(tiny_tc(bf16=False, shift_logits=True), path.parent / "run-shift", path, src, None)
+    assert tr.model.config.shift_logits
+    batch = tr.data.next_batch().torch()
+    fast, _ = diffusion_loss(tr.model, batch, bf16=False)
+    ref = reference_loss(tr.model, batch)
+    assert torch.allclose(fast, ref, rtol=1e-4, atol=1e-5)
+    # the same weights read unshifted give another loss
+    plain = Trainer(tiny_tc(bf16=False), path.parent / "run-noshift", path, src, None)
+    plain.model.load_state_dict(tr.model.state_dict())
+    assert not torch.allclose(diffusion_loss(plain.model, batch, bf16=False)[0], fast, rtol=1e-3)
+
+
+def test_ar_loss_is_causal_next_token_cross_entropy(tok_and_src):
+    _, path, src, _ = tok_and_src
+    tr = Trainer(tiny_tc(bf16=False, objective="ar", shift_logits=True, fim_ratio=0.0),
+                 path.parent / "run-ar", path, src, None)
+    batch = tr.data.next_batch().torch()
+    loss, aux = ar_loss(tr.model, batch, bf16=False)
+    x = batch["targets"]
+    # slow reference: one causal forward per prefix length, the last position's logit
+    B, T = x.shape
+    total, n = 0.0, 0
+    for b in range(B):
+        for i in range(1, T):
+            h, _ = tr.model.forward_hidden(x[b : b + 1, :i], None, causal=True)
+            logp = tr.model.head(h[0, -1]).float().log_softmax(-1)
+            total -= float(logp[x[b, i]])
+            n += 1
+    assert float(loss) == pytest.approx(total / n, rel=1e-4)
+    assert aux["rows"].shape == (B,)
+    # causal: a later token cannot change an earlier position's hidden state
+    h1, _ = tr.model.forward_hidden(x[:1], None, causal=True)
+    y = x[:1].clone()
+    y[0, -1] = (y[0, -1] + 1) % tr.cfg.vocab_size
+    h2, _ = tr.model.forward_hidden(y, None, causal=True)
+    assert torch.allclose(h1[0, :-1], h2[0, :-1], atol=1e-5)
+
+
+def test_ar_objective_needs_shifted_head(tok_and_src):
+    _, path, src, _ = tok_and_src
+    with pytest.raises(ValueError, match="shift_logits"):
+        Trainer(tiny_tc(objective="ar"), path.parent / "run-ar-bad", path, src, None)
+    with pytest.raises(ValueError, match="objective"):
+        Trainer(tiny_tc(objective="bert"), path.parent / "run-ar-bad", path, src, None)
+
+
+def test_ar_warm_start_then_diffusion(tok_and_src, tmp_path):
+    """--objective ar then --init-from: weights carry over, the optimiser and schedule
+    start fresh, provenance adds up both phases and the result loads as a shift model."""
+    _, path, src, _ = tok_and_src
+    ar = Trainer(tiny_tc(objective="ar", shift_logits=True, fim_ratio=0.0, max_steps=30, lr=5e-3,
+                         warmup=3, bf16=False), tmp_path / "ar", path, src, None)
+    probe = [ar.data.next_batch().torch() for _ in range(2)]
+    with torch.no_grad():
+        before = sum(float(ar_loss(ar.model, b, False)[0]) for b in probe)
+    res = ar.fit()
+    with torch.no_grad():
+        after = sum(float(ar_loss(ar.model, b, False)[0]) for b in probe)
+    assert after < before - 1.0, (before, after)
+
+    mdm = Trainer(tiny_tc(shift_logits=True, max_steps=3, bf16=False), tmp_path / "mdm", path, src,
+                  None, init_from=res.checkpoint)
+    for (n, p), (_, q) in zip(ar.model.named_parameters(), mdm.model.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    assert mdm.step == 0 and not mdm.opt.state
+    out = mdm.fit()
+    from diffill.model.config import read_config
+
+    cfg, dialect = read_config(out.checkpoint)
+    prov = dialect.provenance
+    assert cfg.shift_logits and prov["objective"] == "mdm"
+    assert prov["init_from"]["objective"] == "ar" and prov["init_from"]["tokens_seen"] == res.tokens
+    assert prov["tokens_seen"] == res.tokens + out.tokens
+    # resuming the diffusion phase keeps the warm-start record
+    again = Trainer(tiny_tc(shift_logits=True, max_steps=3, bf16=False), tmp_path / "mdm", path,
+                    src, None, resume=out.checkpoint)
+    assert again.provenance()["init_from"] == prov["init_from"]
+    # a checkpoint of another shape is refused by name
+    with pytest.raises(ValueError, match="hidden_size"):
+        Trainer(tiny_tc(d_model=64, shift_logits=True), tmp_path / "bad", path, src, None,
+                init_from=res.checkpoint)
