@@ -64,7 +64,17 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as HFTokenizer
 
 from .config import DiffillDialect, ModelConfig
-from .data import FIM, PLAIN, Batch, BatchMaker, DataConfig, Specials, TokenSource, heldout_batches
+from .data import (
+    FIM,
+    PLAIN,
+    Batch,
+    BatchMaker,
+    BatchStream,
+    DataConfig,
+    Specials,
+    TokenSource,
+    heldout_batches,
+)
 from .transformer import Transformer
 
 SHIP_LIMIT_BYTES = 60_000_000  # shipped weights stay below this (bf16 when fp32 would not fit)
@@ -114,6 +124,7 @@ class TrainConfig:
     eval_every_min: float = 5.0
     eval_every_steps: int = 0
     eval_batches: int = 4
+    data_workers: int = 0  # >0: batches cut by this many processes (see data.BatchStream)
     save_every_min: float = 10.0
     keep_checkpoints: int = 3
     progress: bool = True
@@ -559,11 +570,23 @@ class Trainer:
                   "parameters": self.model.num_parameters(), "batch_size": self.batch_size,
                   "seq_len": self.dcfg.seq_len, "device": str(self.device),
                   "threads": torch.get_num_threads(), "config": asdict(tc)})
+        stream = None
+        if tc.data_workers > 0:
+            stream = BatchStream(self.data.src, self.tok, self.dcfg, self.batch_size, seed=tc.seed,
+                                 start_step=self.step, workers=tc.data_workers)
+        try:
+            return self._fit_loop(bar, stream)
+        finally:
+            if stream is not None:
+                stream.close()
+
+    def _fit_loop(self, bar: Any, stream: Any) -> TrainResult:
+        tc = self.tc
         seg_start = time.time() - self.elapsed
         last_save = last_eval = time.time()
         win_loss, win_n, win_tok, win_t0 = 0.0, 0, 0, time.time()
         while not self.done():
-            batch = self.data.next_batch()
+            batch = stream.next_batch() if stream is not None else self.data.next_batch()
             loss = self.train_step(batch)
             self.elapsed = time.time() - seg_start
             self.last_loss = loss if not math.isfinite(self.last_loss) else 0.9 * self.last_loss + 0.1 * loss
@@ -744,6 +767,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--data-workers", type=int, default=0,
+                   help="processes that cut batches (GPU runs; 0 = in-process, exact resume)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
 
@@ -769,7 +794,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         log_every=args.log_every, eval_every_min=args.eval_every_min,
         eval_batches=args.eval_batches, save_every_min=args.save_every_min,
         progress=not args.no_progress, command=" ".join(sys.argv),
-        objective=args.objective, shift_logits=args.shift_logits,
+        objective=args.objective, shift_logits=args.shift_logits, data_workers=args.data_workers,
     )
     if not (tc.max_tokens or tc.max_steps or tc.max_time_min):
         print("diffill train: give at least one of --max-tokens/--max-steps/--max-time-min",

@@ -1,11 +1,15 @@
 """``diffill train``: train diffill's own masked-diffusion model.
 
 Thin wrapper over :mod:`diffill.model.train` (same flags as
-``python -m diffill.model.train``). Example::
+``python -m diffill.model.train``). The default model's recipe, two phases
+(a causal warm start, then masked diffusion from it with the shifted head)::
 
-    diffill train --data /work/data/tokens --out runs/default \\
-        --d-model 192 --layers 6 --heads 4 --kv-heads 2 --ffn 512 \\
-        --max-time-min 60 --save-every-min 10
+    diffill train --data data/tokens --out runs/ar --objective ar --shift-logits \\
+        --fim-ratio 0 --d-model 192 --layers 6 --heads 4 --kv-heads 2 --ffn 512 \\
+        --batch-tokens 4096 --lr 3e-3 --min-lr-ratio 0.3 --warmup 50 --max-time-min 35
+    diffill train --data data/tokens --out runs/mdm --init-from runs/ar/latest \\
+        --shift-logits --fim-ratio 0.7 --d-model 192 --layers 6 --heads 4 --kv-heads 2 \\
+        --ffn 512 --batch-tokens 4096 --lr 2e-3 --warmup 100 --max-time-min 72
 
 ``diffill train --micro OUT`` builds the tiny test model (its own BPE, a few
 hundred steps) used by the test-suite and the editor end-to-end checks.
