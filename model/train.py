@@ -453,7 +453,7 @@ class Trainer:
         sd = load_file(str(ckpt / "model.safetensors"))
         self.model.load_state_dict({k: v.float() for k, v in sd.items()})
         prov = cfg.get("provenance") or {}
-        self.init_info = {"checkpoint": str(ckpt), "objective": prov.get("objective", "mdm"),
+        self.init_info = {"checkpoint": str(ckpt.resolve()), "objective": prov.get("objective", "mdm"),
                           "tokens_seen": int(prov.get("tokens_seen") or 0),
                           "steps": prov.get("steps"), "val_loss": prov.get("val_loss"),
                           "training_seconds": prov.get("training_seconds")}
