@@ -72,15 +72,8 @@ step() {  # step NAME TIMEOUT CMD... : run with a time limit, log, never abort t
 }
 
 # -- environment: carried wheels, and `diffill` importable without installing it -------------
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/diffill_site .whl/*.whl >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/diffill_site${PYTHONPATH:+:$PYTHONPATH}
-fi
 SHIM=/tmp/diffill_shim
-rm -rf "$SHIM"; mkdir -p "$SHIM/diffill"
-cp src_diffill/__init__.py "$SHIM/diffill/__init__.py"
-for p in model kernels lsp_server; do ln -s "$ROOT/$p" "$SHIM/diffill/$p"; done
-export PYTHONPATH=$SHIM${PYTHONPATH:+:$PYTHONPATH}
+. scripts/gpu_env.sh
 DIFFILL=("$PY" -m diffill.lsp_server.cli)
 
 say "mode $MODE, python $PY, out $OUT"
