@@ -203,7 +203,8 @@ def infill_cached(
         state = denoise_step(fwd, cv, state, sc.steps - s, mask_id=sp.mask, pad_id=sp.pad,
                              terminators=sp.terminators, shift=cfg.shift_logits,
                              strategy=sc.strategy, threshold=threshold,
-                             temperature=sc.temperature, absorb_pad=sc.absorb_pad, noise=noise)
+                             temperature=sc.temperature, absorb_pad=sc.absorb_pad, noise=noise,
+                             block=sc.block, total_steps=sc.steps)
         if sc.threshold is not None and not bool(state.masked.any()):
             break
     hole = state.ids.gather(1, cv.hole_pos).tolist()

@@ -58,6 +58,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     bos_token_id: int | None = None
     # Dream-style models predict token i from hidden state i-1.
     shift_logits: bool = False
+    # Semi-autoregressive block the checkpoint decodes best with (``SamplerConfig.block``;
+    # the engine's default sampler uses it). None: plain any-order decoding.
+    decode_block: int | None = None
     # Free-form provenance/architecture names kept for ``diffill info``.
     architectures: list[str] = []
     torch_dtype: str | None = None
@@ -287,10 +290,13 @@ class DiffillDialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eos_token_id: int
     bos_token_id: int
     shift_logits: bool = False
+    decode_block: int | None = None
     torch_dtype: str | None = "float32"
     provenance: dict[str, Any] = {}
 
     def to_model_config(self) -> ModelConfig:
+        if self.decode_block is not None and self.decode_block < 1:
+            raise ConfigError(f"field decode_block must be >= 1 or null, got {self.decode_block}")
         return ModelConfig(
             family="diffill",
             vocab_size=self.vocab_size,
@@ -311,6 +317,7 @@ class DiffillDialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             eos_token_id=self.eos_token_id,
             bos_token_id=self.bos_token_id,
             shift_logits=self.shift_logits,
+            decode_block=self.decode_block,
             architectures=list(self.architectures),
             torch_dtype=self.torch_dtype,
         )
@@ -338,6 +345,7 @@ class DiffillDialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             eos_token_id=cfg.eos_token_id,
             bos_token_id=cfg.bos_token_id,
             shift_logits=cfg.shift_logits,
+            decode_block=cfg.decode_block,
             torch_dtype=cfg.torch_dtype or "float32",
             provenance=provenance or {},
         )

@@ -23,10 +23,14 @@ cursor sits at the end of the code on a line), or with probability
 rest of that line). With probability ``p_empty`` the middle is empty (the cursor
 sits at the end of a complete line). Prefix, middle and suffix texts are
 encoded *separately*, as the language server does at inference, so token
-boundaries at the cursor match inference. The hole has ``n`` slots, ``n`` drawn
-uniformly among the buckets ``>= m`` (``m`` = middle length); the hole holds the
-middle followed by ``n - m`` ``<|pad|>`` tokens (that is how the model learns
-lengths). Prefix (cut on the left) and suffix (cut on the right) share the rest
+boundaries at the cursor match inference. The hole has ``n`` slots: with
+probability ``p_tight_hole`` the smallest bucket ``>= m`` (``m`` = middle length),
+else drawn uniformly among the buckets ``>= m``; the hole holds the middle
+followed by ``n - m`` ``<|pad|>`` tokens (that is how the model learns lengths).
+Drawing ``n`` uniformly alone made a single-line hole ~70% pad on average, so most
+FIM targets were easy pads and the model learned "mostly pad"; the tight draw
+keeps the engine's loose candidates (it tries ``max_tokens/4, /2, /1``) in
+training while putting most of the FIM loss on the middle itself. Prefix (cut on the left) and suffix (cut on the right) share the rest
 of ``seq_len``. Only the ``n`` hole slots are targets. Rows are right-padded to
 the longest row of the batch; ``attention_mask`` marks real positions.
 
@@ -96,6 +100,7 @@ class DataConfig:
     p_after_indent: float = 0.5  # cursor at line start: after the indentation (else column 0)
     p_end_midline: float = 0.1  # middle stops inside its last line
     p_empty: float = 0.05  # empty middle (all pads)
+    p_tight_hole: float = 0.5  # hole = smallest bucket >= middle length (else uniform among them)
     p_short_context: float = 0.2  # use a random smaller context budget
     t_eps: float = 1e-3
 
@@ -104,6 +109,8 @@ class DataConfig:
             raise ValueError(f"fim_ratio must be in [0, 1], got {self.fim_ratio}")
         if self.seq_len < max(self.hole_buckets) + 8:
             raise ValueError(f"seq_len={self.seq_len} too small for hole buckets {self.hole_buckets}")
+        if not 0.0 <= self.p_tight_hole <= 1.0:
+            raise ValueError(f"p_tight_hole must be in [0, 1], got {self.p_tight_hole}")
         if len(self.line_count_probs) != self.max_middle_lines:
             raise ValueError("line_count_probs needs one probability per line count")
 
@@ -282,7 +289,10 @@ class BatchMaker:
             if m > n_max:
                 continue
             buckets = [n for n in c.hole_buckets if n >= max(m, 1)]
-            n = int(buckets[int(rng.integers(len(buckets)))])
+            if rng.random() < c.p_tight_hole:
+                n = int(buckets[0])
+            else:
+                n = int(buckets[int(rng.integers(len(buckets)))])
             budget = T - n - 2
             if rng.random() < c.p_short_context:
                 budget = int(rng.integers(min(16, budget), budget + 1))

@@ -134,7 +134,7 @@ class _Slot:
 
 
 def _group_key(sc: SamplerConfig) -> tuple[Any, ...]:
-    return (sc.steps, sc.threshold, sc.strategy, sc.temperature, sc.absorb_pad)
+    return (sc.steps, sc.threshold, sc.strategy, sc.temperature, sc.absorb_pad, sc.block)
 
 
 class Engine:
@@ -150,7 +150,9 @@ class Engine:
         plan: StepPlan | None = None,
     ) -> None:
         self.lm = lm
-        self.sampler = sampler if sampler is not None else SamplerConfig()
+        # default decoding: the checkpoint's recommended block (config.json decode_block)
+        self.sampler = (sampler if sampler is not None
+                        else SamplerConfig(block=getattr(lm.config, "decode_block", None)))
         self.options = options if options is not None else EngineOptions()
         self.plan = plan
         self._lock = threading.Lock()  # held while a batch runs on the device
@@ -390,7 +392,7 @@ class Engine:
                   shift=cfg.shift_logits, strategy=sc.strategy,
                   threshold=math.inf if sc.threshold is None else float(sc.threshold),
                   temperature=sc.temperature, absorb_pad=sc.absorb_pad,
-                  select_impl=opts.select_impl)
+                  select_impl=opts.select_impl, block=sc.block, total_steps=sc.steps)
         graphs = self._graphs_for(cv, kw) if use_graphs else None
         if graphs is None and bool(cv.attn.all()):
             # no padding anywhere: no attention mask, so SDPA / flash-attn can take their

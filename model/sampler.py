@@ -42,6 +42,31 @@ upper bound. The threshold loop stops as soon as nothing is masked (the only
 host synchronisation inside the loop, in :func:`infill`). The fixed loop runs
 ``min(steps, N)`` steps and never synchronises.
 
+Semi-autoregressive blocks (``SamplerConfig.block``)
+---------------------------------------------------
+With ``block = B`` the hole of a row with ``n`` slots is cut into ``nb = ceil(n / B)``
+blocks decoded left to right, as in LLaDA's semi-autoregressive remasking. The
+``S`` steps of the loop are shared out among the blocks: at step ``s`` (0-based) the
+slots of blocks ``0 .. C`` are eligible, ``C = ceil((s + 1) nb / S) - 1``, and they
+must all be committed by the end of step ``floor((C + 1) S / nb) - 1``; so with
+``d = floor((C + 1) S / nb) - s`` steps left before that deadline and ``r`` eligible
+slots still masked, the row commits ``k = ceil(r / d)`` of them (the best by score;
+threshold mode adds every eligible slot above the threshold). With ``S >= nb`` each
+block gets ``S / nb`` steps (rounded); with ``S < nb`` one step covers several blocks.
+``S`` is the number of steps the row's loop runs (``min(steps, n)`` in fixed mode).
+When the eligible blocks are all committed before their deadline (threshold mode),
+the block of the first masked slot becomes eligible at once.
+
+Why: pad absorption plus confidence ordering lets a weak model end the middle from
+the right. The far slots of a loose hole are almost surely pad, so they are the most
+confident and are committed first; every pad committed makes its left neighbour's pad
+more likely, and the end of the middle walks left until only the indentation is left
+(measured on the shipped model: 81 of 104 HumanEval lines came back empty or
+indentation-only with 16 slots and 8 steps; with ``block = 4``, 9). Inside a block the
+order is still chosen by confidence. ``block = None`` (the default here; a checkpoint
+may recommend one in its config, ``decode_block``, which the engine's default sampler
+uses) is plain any-order decoding, exactly as before blocks existed.
+
 Length handling
 ---------------
 Training fills a hole of ``n`` slots holding an ``m``-token middle with the
@@ -129,6 +154,7 @@ class SamplerConfig:
     seed: int | None = None
     lengths: tuple[int, ...] = (16,)  # candidate hole lengths, batched, ranked by model score
     absorb_pad: bool = True  # once a pad/EOS is committed at slot j, the rest of the hole is pad
+    block: int | None = None  # semi-autoregressive block size (None: any order), see module doc
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -139,6 +165,8 @@ class SamplerConfig:
             )
         if self.temperature < 0:
             raise ValueError(f"SamplerConfig.temperature must be >= 0, got {self.temperature}")
+        if self.block is not None and int(self.block) < 1:
+            raise ValueError(f"SamplerConfig.block must be >= 1 or None, got {self.block}")
         if not isinstance(self.strategy, Strategy):
             object.__setattr__(self, "strategy", Strategy(self.strategy))
 
@@ -327,6 +355,36 @@ def build_canvas(
     return Canvas(ids.to(device), attn.to(device), hole_pos.to(device), valid.to(device))
 
 
+def block_schedule(
+    masked: torch.Tensor,
+    valid: torch.Tensor,
+    steps_left: int | torch.Tensor,
+    block: int,
+    total_steps: int,
+    *,
+    fixed: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eligible slots [L, N] and slots to commit k [L] for semi-autoregressive blocks
+    (module doc). Per row: ``n`` valid slots, ``S = min(total_steps, n)`` in fixed mode
+    (the steps that row's loop runs) else ``total_steps``; static shapes, no host sync."""
+    n = valid.sum(1)  # [L]
+    S = n.clamp(max=total_steps) if fixed else torch.full_like(n, total_steps)
+    S = S.clamp_min(1)
+    nb = torch.div(n + block - 1, block, rounding_mode="floor").clamp_min(1)
+    s = total_steps - steps_left
+    if not torch.is_tensor(s):
+        s = torch.full_like(n, int(s))
+    cur = torch.div((s + 1) * nb + S - 1, S, rounding_mode="floor") - 1  # last eligible block
+    first = masked.int().argmax(1)  # first still-masked slot (0 when none)
+    cur = torch.minimum(torch.maximum(cur, torch.div(first, block, rounding_mode="floor")), nb - 1)
+    left = (torch.div((cur + 1) * S, nb, rounding_mode="floor") - s).clamp_min(1)
+    slot = torch.arange(masked.shape[1], device=masked.device)
+    elig = masked & (slot[None, :] < ((cur + 1) * block)[:, None])
+    r = elig.sum(1)
+    k = torch.div(r + left - 1, left, rounding_mode="floor")
+    return elig, k
+
+
 def denoise_step(
     model: Any,
     canvas: Canvas,
@@ -343,6 +401,8 @@ def denoise_step(
     absorb_pad: bool,
     noise: torch.Tensor | None = None,
     select_impl: str | None = None,
+    block: int | None = None,
+    total_steps: int | None = None,
 ) -> DenoiseState:
     """One refinement step over the whole batch; pure (returns a new state).
 
@@ -352,6 +412,8 @@ def denoise_step(
     select_impl: None = the torch code below; 'auto' / 'triton' / 'torch' = the fused
     select-and-unmask of :mod:`diffill.kernels.select_unmask` (same rules; greedy steps
     only -- at temperature > 0 the torch code below always runs).
+    block / total_steps: semi-autoregressive blocks (see the module doc); ``total_steps`` is
+    ``SamplerConfig.steps`` (the step index is ``total_steps - steps_left``).
     No host synchronisation.
     """
     ids, masked, logp, steps = state
@@ -360,13 +422,20 @@ def denoise_step(
     src = src.clamp_min(0)
     h = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # [L, N, D]
     rem = masked.sum(1)  # [L]
-    k = torch.div(rem + steps_left - 1, steps_left, rounding_mode="floor")
+    if block is None:
+        elig = masked
+        k = torch.div(rem + steps_left - 1, steps_left, rounding_mode="floor")
+    else:
+        if total_steps is None:
+            raise ValueError("denoise_step: block needs total_steps")
+        elig, k = block_schedule(masked, canvas.valid, steps_left, block, total_steps,
+                                 fixed=threshold == float("inf"))
     hole = ids.gather(1, canvas.hole_pos)
     if select_impl is not None and temperature == 0:
         from diffill.kernels.select_unmask import select_unmask
 
         L, N = masked.shape
-        new_masked = masked.clone()
+        new_masked = elig.clone()
         res = select_unmask(  # the logits in the model's dtype, read once
             model.head(h), hole, torch.arange(N, device=hole.device).expand(L, N), new_masked, k,
             None if threshold == float("inf") else threshold, strategy.value, ban=mask_id,
@@ -374,19 +443,19 @@ def denoise_step(
         )
         sel = res.selected
         logp = torch.where(sel, res.logp, logp)
-        masked = new_masked
+        masked = masked & ~sel
     else:
         logits = model.head(h).float()  # [L, N, V]
         logits[..., mask_id] = float("-inf")
         tok, score, tok_logp = token_scores(logits, strategy, temperature, noise)
         if threshold != float("inf"):
-            k = torch.maximum(k, ((score > threshold) & masked).sum(1))
-        score = score.masked_fill(~masked, float("-inf"))
+            k = torch.maximum(k, ((score > threshold) & elig).sum(1))
+        score = score.masked_fill(~elig, float("-inf"))
         order = torch.sort(score, dim=1, descending=True, stable=True).indices
         rank = torch.empty_like(order).scatter_(
             1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
         )
-        sel = (rank < k[:, None]) & masked  # [L, N]
+        sel = (rank < k[:, None]) & elig  # [L, N]
         hole = torch.where(sel, tok, hole)
         logp = torch.where(sel, tok_logp, logp)
         masked = masked & ~sel
@@ -496,6 +565,8 @@ def infill(
             absorb_pad=sc.absorb_pad,
             noise=noise,
             select_impl=select_impl,
+            block=sc.block,
+            total_steps=sc.steps,
         )
         # the one host synchronisation of the loop (threshold mode only)
         if sc.threshold is not None and not bool(state.masked.any()):
@@ -565,7 +636,16 @@ def infill_reference(
                     lg, sc.strategy, sc.temperature, None if noise is None else noise[j]
                 )
                 preds[j] = (int(tok), float(score), float(lp))
-            k = math.ceil(rem / (sc.steps - s))
+            if sc.block is None:
+                k = math.ceil(rem / (sc.steps - s))
+            else:  # blocks 0..cur are eligible and due by the end of step deadline - 1
+                S = sc.steps if sc.threshold is not None else min(sc.steps, n)
+                nb = math.ceil(n / sc.block)
+                first = min(preds)  # a block finished early (threshold) hands over at once
+                cur = min(max(math.ceil((s + 1) * nb / S) - 1, first // sc.block), nb - 1)
+                deadline = (cur + 1) * S // nb
+                preds = {j: p for j, p in preds.items() if j < (cur + 1) * sc.block}
+                k = math.ceil(len(preds) / max(1, deadline - s))
             if sc.threshold is not None:
                 k = max(k, sum(1 for p in preds.values() if p[1] > sc.threshold))
             ranked = sorted(preds, key=lambda j: (-preds[j][1], j))

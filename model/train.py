@@ -341,6 +341,20 @@ def find_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(f"{p}: neither a checkpoint folder nor a run folder with latest/")
 
 
+def find_weights(path: str | Path) -> Path:
+    """For ``--init-from``: a checkpoint or run folder (see :func:`find_checkpoint`), or a
+    bare model folder with ``config.json`` and ``model.safetensors`` (e.g. the shipped model)."""
+    p = Path(path)
+    if (p / "config.json").is_file() and (p / "model.safetensors").is_file():
+        return p
+    try:
+        return find_checkpoint(p)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{p}: no config.json + model.safetensors, and not a run folder with latest/"
+        ) from None
+
+
 # --------------------------------------------------------------------------- the trainer
 
 
@@ -412,7 +426,7 @@ class Trainer:
         if init_from and resume:
             raise ValueError("give --init-from or --resume, not both")
         if init_from:
-            self.init_weights_from(find_checkpoint(init_from))
+            self.init_weights_from(find_weights(init_from))
         if resume:
             self.load_state(find_checkpoint(resume))
 
@@ -456,7 +470,8 @@ class Trainer:
         self.init_info = {"checkpoint": str(ckpt.resolve()), "objective": prov.get("objective", "mdm"),
                           "tokens_seen": int(prov.get("tokens_seen") or 0),
                           "steps": prov.get("steps"), "val_loss": prov.get("val_loss"),
-                          "training_seconds": prov.get("training_seconds")}
+                          "training_seconds": prov.get("training_seconds"),
+                          "init_from": prov.get("init_from")}
 
     def provenance(self) -> dict[str, Any]:
         tc = self.tc

@@ -38,6 +38,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="at most N tasks per task set (evenly spread over the set)")
     p.add_argument("--steps", type=int, default=8, metavar="K", help="refinement steps for the main run (default 8)")
+    p.add_argument("--block", default=None, metavar="B",
+                   help="semi-autoregressive decoding block (an integer, or 'none' for any-order "
+                        "decoding); default: the checkpoint's decode_block")
     p.add_argument("--frontier", default=None, metavar="K1,K2,...",
                    help="also run these step counts and report quality vs latency (e.g. 1,2,4,8,16)")
     p.add_argument("--heldout", metavar="FILE", default=None,
@@ -70,6 +73,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--limit must be >= 1"
     if args.steps < 1:
         return "--steps must be >= 1"
+    if args.block is not None and args.block != "none" and not (args.block.isdigit() and int(args.block) >= 1):
+        return "--block must be a positive integer or 'none'"
     if args.workers < 1:
         return "--workers must be >= 1"
     if args.timeout <= 0:
@@ -159,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
                 line_tokens=args.max_tokens,
                 span_tokens=args.span_tokens,
                 context_tokens=args.context_tokens,
+                block="model" if args.block is None else (None if args.block == "none" else int(args.block)),
             )
         except (OSError, ValueError) as e:
             print(f"diffill eval: cannot load the model: {e}", file=sys.stderr)

@@ -98,6 +98,9 @@ class CompleterGenerator:
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": "model via Completer", "steps": self.steps}
+        sampler = getattr(getattr(self.backend, "engine", None), "sampler", None)
+        if sampler is not None:
+            d["block"] = sampler.block
         d["line_max_tokens"] = self._single.options.max_tokens
         d["span_max_tokens"] = self._multi.options.max_tokens
         d["context_tokens"] = self._single.options.context_tokens
@@ -115,11 +118,19 @@ def load_model_generator(
     line_tokens: int = 32,
     span_tokens: int = 96,
     context_tokens: int = 1024,
+    block: int | None | str = "model",
 ) -> CompleterGenerator:
-    """Load a checkpoint (None: the shipped default) once and wrap it for evaluation."""
+    """Load a checkpoint (None: the shipped default) once and wrap it for evaluation.
+    ``block``: the sampler's semi-autoregressive block (``"model"``: the checkpoint's
+    ``decode_block``; None: any-order decoding)."""
+    import dataclasses
+
     from diffill.lsp_server.backends import load_local_backend
 
     backend = load_local_backend(model_path, device, max_steps=max(steps or 16, 16))
+    if block != "model":
+        eng = backend.engine
+        eng.sampler = dataclasses.replace(eng.sampler, block=block)
     return CompleterGenerator(
         backend,
         steps=steps,

@@ -75,6 +75,7 @@ SETTINGS = [
     dict(steps=6, lengths=(4, 9), threshold=0.3, strategy=Strategy.ENTROPY),
     dict(steps=5, lengths=(7, 2), temperature=0.8, seed=11),
     dict(steps=3, lengths=(6, 6, 12), absorb_pad=False),
+    dict(steps=4, lengths=(5, 9), block=2),
 ]
 
 

@@ -193,6 +193,12 @@ def test_diffill_dialect_roundtrip(tmp_path):
     raw["typo_field"] = 1
     with pytest.raises(ConfigError, match="typo_field"):
         parse_config(raw)
+    # the recommended decoding block travels with the weights and is checked
+    assert back.decode_block is None and raw["decode_block"] is None
+    del raw["typo_field"]
+    assert parse_config({**raw, "decode_block": 4})[0].decode_block == 4
+    with pytest.raises(ConfigError, match="config.json: field decode_block"):
+        parse_config({**raw, "decode_block": 0})
 
 
 def test_unknown_architecture_lists_supported():

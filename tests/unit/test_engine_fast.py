@@ -89,6 +89,8 @@ def _assert_same(got, want, tol: float = 1e-5):
     SamplerConfig(steps=4),
     SamplerConfig(steps=6, threshold=0.4, strategy=Strategy.MARGIN),
     SamplerConfig(steps=5, temperature=0.7, seed=3),
+    SamplerConfig(steps=5, block=2),
+    SamplerConfig(steps=4, threshold=0.5, block=3),
 ])
 def test_batched_requests_equal_unbatched(shift, sc):
     lm = make_lm(shift)
@@ -221,7 +223,8 @@ def test_static_buffer_graph_loop_equals_eager(refresh, shift):
     refresh/cached graphs, frozen cancelled rows) run without capture on CPU."""
     lm = make_lm(shift, seed=6)
     reqs = prompts(5, seed=6)
-    for sc in (SamplerConfig(steps=5), SamplerConfig(steps=6, threshold=0.4)):
+    for sc in (SamplerConfig(steps=5), SamplerConfig(steps=6, threshold=0.4),
+               SamplerConfig(steps=5, block=2)):
         eager = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, buckets=True))
         graphs = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, cuda_graphs=True))
         want = run_together(eager, reqs)
@@ -303,3 +306,15 @@ def test_unpadded_batches_run_without_an_attention_mask(refresh):
     spy.masks.clear()
     eng.infill(pre, suf, lengths=(3, 6))  # rows of different lengths: padding, masks needed
     assert spy.masks and all(m is not None for m in spy.masks)
+
+
+def test_default_sampler_takes_the_checkpoints_decode_block():
+    lm = make_lm()
+    assert Engine(lm).sampler.block is None
+    lm.config = lm.config.replace(decode_block=2)
+    eng = Engine(lm)
+    assert eng.sampler.block == 2
+    pre, suf, lens = prompts(1, seed=2)[0]
+    assert eng.infill(pre, suf, lengths=lens) == infill(
+        lm.model, lm.config, pre, suf, SamplerConfig(block=2, lengths=lens))
+    assert Engine(lm, SamplerConfig(steps=3)).sampler.block is None  # an explicit sampler wins

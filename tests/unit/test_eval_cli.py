@@ -102,7 +102,15 @@ def test_samples_only_generates_without_executing(tmp_path, capsys, model_dir):
     )
     assert rc == 0, stderr
     assert len(read_samples(out / "samples_model.jsonl")) == 2
-    assert "humaneval" not in json.loads((out / "results.json").read_text())
+    results = json.loads((out / "results.json").read_text())
+    assert "humaneval" not in results
+    assert results["settings"]["model"]["block"] is None  # the micro checkpoint names no block
+    rc, _, stderr = run_cli(
+        capsys, "eval", "--model", str(model_dir), "--limit", "2", "--steps", "2", "--samples-only",
+        "--no-baseline", "--block", "1", "--out", str(out), "--no-progress",
+    )
+    assert rc == 0, stderr
+    assert json.loads((out / "results.json").read_text())["settings"]["model"]["block"] == 1
 
 
 def test_scoring_canonical_samples(tmp_path, capsys):
@@ -147,6 +155,8 @@ def test_bad_arguments(tmp_path, capsys):
     assert e.value.code == 2
     rc, _, err = run_cli(capsys, "eval", "--limit", "0", "--out", str(tmp_path))
     assert rc == 2 and "--limit" in err
+    rc, _, err = run_cli(capsys, "eval", "--block", "0", "--out", str(tmp_path))
+    assert rc == 2 and "--block" in err
     assert parse_steps("8,1,2,2") == [1, 2, 8]
     with pytest.raises(ValueError, match="integer"):
         parse_steps("1,x")

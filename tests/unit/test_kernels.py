@@ -227,6 +227,8 @@ SAMPLER_SETTINGS = [
     dict(steps=6, lengths=(3, 8, 5), strategy="margin"),
     dict(steps=5, lengths=(4, 9), threshold=0.3, strategy="entropy"),
     dict(steps=3, lengths=(7, 7, 12), threshold=0.5, absorb_pad=False),
+    dict(steps=4, lengths=(6, 11), block=3),
+    dict(steps=5, lengths=(4, 9), threshold=0.3, block=2),
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
@@ -512,3 +513,80 @@ def test_candidate_independent_of_batch_mates():
         model, cfg, [1, 2], [3], SamplerConfig(steps=4, temperature=1.0, seed=3, lengths=(7,))
     )
     assert alone[0].ids == both[7].ids and alone[0].steps == both[7].steps
+
+
+# --------------------------------------------------------------------------- semi-AR blocks
+
+
+@pytest.mark.parametrize("impl", [infill, infill_reference])
+def test_block_schedule(impl):
+    """8 slots, blocks of 3 (3 blocks), 6 steps: each block gets 2 steps, and no slot of a
+    later block is committed before the earlier blocks are done -- although the model is
+    most confident about the LAST slots (counting_fn: confidence falls with j, so reverse it)."""
+
+    def reverse_fn(row, pos):
+        j = pos - S0
+        return counting_fn(row, S0 + (7 - j)) if 0 <= j < 8 else counting_fn(row, pos)
+
+    m = MockModel(reverse_fn)
+    (res,) = impl(m, mock_cfg(), PREFIX, SUFFIX, SamplerConfig(steps=6, lengths=(8,), block=3))
+    assert res.steps == 6
+    # block 0 = {0,1,2}: ceil(3/2)=2 then 1; block 1 = {3,4,5}; block 2 = {6,7}: 1 and 1
+    assert unmask_order(m, S0, 8, final=res.ids) == [{1, 2}, {0}, {4, 5}, {3}, {7}, {6}]
+    # fewer steps than blocks: one step covers several blocks, all done by the last step
+    m = MockModel(reverse_fn)
+    (res,) = impl(m, mock_cfg(), PREFIX, SUFFIX, SamplerConfig(steps=2, lengths=(8,), block=2))
+    assert unmask_order(m, S0, 8, final=res.ids) == [{0, 1, 2, 3}, {4, 5, 6, 7}]
+    # block >= n is plain any-order decoding
+    m = MockModel(reverse_fn)
+    impl(m, mock_cfg(), PREFIX, SUFFIX, SamplerConfig(steps=4, lengths=(8,), block=8))
+    m2 = MockModel(reverse_fn)
+    impl(m2, mock_cfg(), PREFIX, SUFFIX, SamplerConfig(steps=4, lengths=(8,)))
+    assert m.canvases == m2.canvases
+
+
+@pytest.mark.parametrize("impl", [infill, infill_reference])
+def test_blocks_stop_pads_creeping_in_from_the_right(impl):
+    """A model that is sure the far slots are pad and lukewarm about the content: any-order
+    decoding commits the far pads first and absorption eats the middle; blocks keep it."""
+
+    def fn(row, pos):
+        j = pos - S0
+        if not 0 <= j < 8:
+            return logits_from_probs({0: 1.0})
+        hole = row[S0 : S0 + 8]
+        if j >= 4 or PAD in hole[j + 1 :]:  # the true middle is 4 tokens; pads feed pads
+            return logits_from_probs({PAD: 0.9, 5: 0.1})
+        return logits_from_probs({5: 0.6, PAD: 0.4})
+
+    plain = impl(MockModel(fn), mock_cfg(), PREFIX, SUFFIX, SamplerConfig(steps=4, lengths=(8,)))
+    blocked = impl(MockModel(fn), mock_cfg(), PREFIX, SUFFIX,
+                   SamplerConfig(steps=4, lengths=(8,), block=2))
+    assert len(plain[0].ids) <= 1
+    assert blocked[0].ids == [5, 5, 5, 5]
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("threshold", [None, 0.6])
+@pytest.mark.parametrize("block", [1, 2, 3])
+def test_fast_matches_reference_with_blocks(shift, threshold, block):
+    model, cfg = tiny(shift)
+    for temperature, absorb, steps, prefix, suffix in RUNS + [(0.0, True, 2, [1, 2], [3])]:
+        sc = SamplerConfig(steps=steps, threshold=threshold, temperature=temperature, seed=11,
+                           lengths=(1, 3, 7), absorb_pad=absorb, block=block)
+        same(infill(model, cfg, prefix, suffix, sc, dedup=False),
+             infill_reference(model, cfg, prefix, suffix, sc, dedup=False))
+
+
+def test_blocks_candidate_independent_of_batch_mates():
+    model, cfg = tiny()
+    sc = SamplerConfig(steps=5, lengths=(3, 7), block=2)
+    both = {r.length: r for r in infill(model, cfg, [1, 2], [3], sc, dedup=False)}
+    for n in (3, 7):
+        (alone,) = infill(model, cfg, [1, 2], [3], replace(sc, lengths=(n,)))
+        assert alone.ids == both[n].ids and alone.steps == both[n].steps
+
+
+def test_block_must_be_positive():
+    with pytest.raises(ValueError, match="block"):
+        SamplerConfig(block=0)

@@ -77,6 +77,29 @@ def test_fim_rows_have_the_sampler_canvas(tok_and_src):
     assert {"midline", "indent", "linestart", "empty"} <= cases
 
 
+
+def test_fim_hole_size_is_mostly_the_tightest_bucket(tok_and_src):
+    """p_tight_hole of the rows use the smallest bucket >= m, the rest any bucket >= m."""
+    tok, _, src, _ = tok_and_src
+    base = MICRO_TRAIN.data_config()
+    fracs = {}
+    for p_tight in (1.0, 0.5, 0.0):
+        bm = BatchMaker(src, tok, replace(base, p_tight_hole=p_tight), 8, seed=11)
+        tight = loose = 0
+        for _ in range(300):
+            r = bm.fim_row()
+            if r.info["case"] == "fallback":
+                continue
+            n = r.hole[1] - r.hole[0]
+            smallest = min(b for b in base.hole_buckets if b >= max(r.middle_len, 1))
+            assert n >= smallest
+            tight += n == smallest
+            loose += n != smallest
+        fracs[p_tight] = tight / (tight + loose)
+    assert fracs[1.0] == 1.0 and fracs[0.0] + 0.1 < fracs[0.5] < 1.0, fracs
+    with pytest.raises(ValueError, match="p_tight_hole"):
+        replace(base, p_tight_hole=1.5)
+
 def test_batch_masks_only_targets_with_1_over_t_weights(tok_and_src):
     tok, _, src, _ = tok_and_src
     cfg = replace(MICRO_TRAIN.data_config(), fim_ratio=0.5)
@@ -336,6 +359,21 @@ def test_ar_warm_start_then_diffusion(tok_and_src, tmp_path):
     with pytest.raises(ValueError, match="hidden_size"):
         Trainer(tiny_tc(d_model=64, shift_logits=True), tmp_path / "bad", path, src, None,
                 init_from=res.checkpoint)
+    # a bare model folder (config.json + model.safetensors, as shipped) works too, and the
+    # chain of warm starts is kept
+    import shutil
+
+    bare = tmp_path / "shipped"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(out.checkpoint / f, bare / f)
+    third = Trainer(tiny_tc(shift_logits=True, max_steps=1, bf16=False), tmp_path / "more", path, src,
+                    None, init_from=bare)
+    p3 = third.provenance()
+    assert p3["init_from"]["tokens_seen"] == prov["tokens_seen"]
+    assert p3["init_from"]["init_from"] == prov["init_from"]
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        Trainer(tiny_tc(shift_logits=True), tmp_path / "none", path, src, None, init_from=tmp_path / "nope")
 
 
 # --------------------------------------------------------------------------- data workers
