@@ -23,6 +23,7 @@ from .backends import Backend, CancelFn, Cancelled, Candidate
 from .context import FimContext, Snippet, build_context, comment_prefix
 from .options import WIRE_NAMES, CompletionOptions, merge_options
 from .postprocess import Processed, dedupe, postprocess
+from .syntax import SyntaxGuard
 
 
 @dataclass
@@ -82,8 +83,10 @@ def finish(
     policy: str,
     multiline: bool | None,
     n: int,
+    guard: SyntaxGuard | None = None,
 ) -> list[Suggestion]:
-    """Post-process raw candidates, drop empty ones and duplicates, best first, at most n."""
+    """Post-process raw candidates, drop empty ones, duplicates and (with ``guard``) those
+    that break a buffer that parses; best first, at most n."""
     comment = comment_prefix(ctx.language)
     eol = detect_eol(ctx)
     body = ctx.prefix[ctx.header_chars:]
@@ -100,7 +103,7 @@ def finish(
             comment=comment,
             eol=eol,
         )
-        if p is not None:
+        if p is not None and (guard is None or guard.keeps(p.text, p.replace_right)):
             scored.append((p, c))
     scored.sort(key=lambda pc: -pc[1].score)
     kept = dedupe([p for p, _ in scored])
@@ -172,6 +175,7 @@ class Completer:
         o = self.options
         n = max(n, 1)
         word = partial_word(text, offset) if o.token_healing else ""
+        guard = SyntaxGuard(text, offset, language=language, path=path) if o.syntax_check else None
         if word:
             # Token healing: the hole starts at the beginning of the word being typed.
             start = offset - len(word)
@@ -183,12 +187,13 @@ class Completer:
                 ctx = dataclasses.replace(hctx, prefix=hctx.prefix + word,
                                           line_prefix=hctx.line_prefix + word,
                                           suffix_end=hctx.suffix_end + len(word))
-                sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n)
+                sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n,
+                              guard=guard)
                 if sugg:
                     return CompletionResult(sugg, ctx, cands)
         ctx = self.build(text, offset, language=language, path=path, snippets=snippets)
         cands = self._infill(ctx, n, cancel, steps, backend_kwargs)
-        sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n)
+        sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n, guard=guard)
         return CompletionResult(sugg, ctx, list(cands))
 
     def _infill(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None = None,
@@ -214,9 +219,14 @@ class Completer:
         n: int = 1,
         multiline: bool | None = None,
         cancel: CancelFn | None = None,
+        language: str | None = None,
+        path: str | None = None,
     ) -> list[Suggestion]:
-        """Suggestions for the hole at character ``offset`` of ``text``, best first."""
-        return self.run(text, offset, n=n, multiline=multiline, cancel=cancel).suggestions
+        """Suggestions for the hole at character ``offset`` of ``text``, best first
+        (``language``: the LSP language id, e.g. ``python``; with ``path``, it decides the
+        comment syntax and whether the syntax guard applies)."""
+        return self.run(text, offset, n=n, multiline=multiline, cancel=cancel, language=language,
+                        path=path).suggestions
 
 
 def options_from_kwargs(**opts: object) -> CompletionOptions:

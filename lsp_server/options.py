@@ -47,6 +47,9 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     token_healing: bool = True
     """Mid-word cursor: the model fills from the start of the word, and only candidates that
     reproduce the typed part are kept (a BPE model never saw the half-word as a prefix)."""
+    syntax_check: bool = True
+    """Python buffers: drop suggestions that would make a buffer that parses stop parsing
+    (opening a block at the end of a body is allowed), see ``lsp_server/syntax.py``."""
     extra_context: bool = False
     """Add a commented header with snippets of other open documents (inside the budget)."""
     extra_context_fraction: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.15

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     completer = Completer(backend, options)
     t1 = time.perf_counter()
     try:
-        res = completer.run(text, offset, n=args.n)
+        res = completer.run(text, offset, n=args.n, path=None if args.file == "-" else args.file)
     except BackendError as e:
         print(f"diffill complete: {e}", file=sys.stderr)
         return 1

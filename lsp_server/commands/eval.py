@@ -41,6 +41,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--block", default=None, metavar="B",
                    help="semi-autoregressive decoding block (an integer, or 'none' for any-order "
                         "decoding); default: the checkpoint's decode_block")
+    p.add_argument("--syntax-check", action=argparse.BooleanOptionalAction, default=True,
+                   help="drop model suggestions that break a buffer that parses, as the server "
+                        "does for Python (default on)")
     p.add_argument("--frontier", default=None, metavar="K1,K2,...",
                    help="also run these step counts and report quality vs latency (e.g. 1,2,4,8,16)")
     p.add_argument("--heldout", metavar="FILE", default=None,
@@ -165,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
                 span_tokens=args.span_tokens,
                 context_tokens=args.context_tokens,
                 block="model" if args.block is None else (None if args.block == "none" else int(args.block)),
+                syntax_check=args.syntax_check,
             )
         except (OSError, ValueError) as e:
             print(f"diffill eval: cannot load the model: {e}", file=sys.stderr)

@@ -63,13 +63,17 @@ class CompleterGenerator:
         span_tokens: int = 96,
         context_tokens: int = 1024,
         name: str = "model",
+        language: str | None = "python",
+        syntax_check: bool = True,
     ) -> None:
         from diffill.lsp_server.completer import Completer, options_from_kwargs
 
         self.name = name
         self.backend = backend
         self.steps = steps
-        common: dict[str, Any] = {"context_tokens": context_tokens}
+        self.language = language  # the tasks' language (the harness executes Python)
+        self.syntax_check = syntax_check
+        common: dict[str, Any] = {"context_tokens": context_tokens, "syntax_check": syntax_check}
         if steps is not None:
             common["steps"] = steps
         self._single = Completer(
@@ -89,15 +93,18 @@ class CompleterGenerator:
             span_tokens=self._multi.options.max_tokens,
             context_tokens=o.context_tokens,
             name=self.name,
+            language=self.language,
+            syntax_check=self.syntax_check,
         )
 
     def generate(self, text: str, offset: int, *, multiline: bool) -> str:
         c = self._multi if multiline else self._single
-        sugg = c.complete(text, offset, n=1, multiline=multiline)
+        sugg = c.complete(text, offset, n=1, multiline=multiline, language=self.language)
         return sugg[0].text if sugg else ""
 
     def describe(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": "model via Completer", "steps": self.steps}
+        d: dict[str, Any] = {"kind": "model via Completer", "steps": self.steps,
+                             "language": self.language, "syntax_check": self.syntax_check}
         sampler = getattr(getattr(self.backend, "engine", None), "sampler", None)
         if sampler is not None:
             d["block"] = sampler.block
@@ -119,6 +126,7 @@ def load_model_generator(
     span_tokens: int = 96,
     context_tokens: int = 1024,
     block: int | None | str = "model",
+    syntax_check: bool = True,
 ) -> CompleterGenerator:
     """Load a checkpoint (None: the shipped default) once and wrap it for evaluation.
     ``block``: the sampler's semi-autoregressive block (``"model"``: the checkpoint's
@@ -137,4 +145,5 @@ def load_model_generator(
         line_tokens=line_tokens,
         span_tokens=span_tokens,
         context_tokens=context_tokens,
+        syntax_check=syntax_check,
     )
