@@ -1,4 +1,4 @@
-"""A small example file for `diffill complete` (see README)."""
+"""Example for `diffill complete` (README): line 15 is where `variance` needs its body."""
 
 
 def mean(values):
@@ -12,7 +12,7 @@ def mean(values):
 def variance(values):
     """Population variance."""
     m = mean(values)
-    return sum((v - m) ** 2 for v in values) / len(values)
+    
 
 
 def main():

@@ -36,3 +36,4 @@ def test_readme_main_job_runs():
         capture_output=True, text=True, timeout=300,
     )
     assert p.returncode == 0, p.stderr
+    assert p.stdout.strip(), "the README's main job printed no completion"
