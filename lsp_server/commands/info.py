@@ -41,6 +41,7 @@ def model_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
         "qkv_bias": cfg.qkv_bias,
         "tied_embeddings": cfg.tie_embeddings,
         "shift_logits": cfg.shift_logits,
+        "decode_block": cfg.decode_block,
         "files": [p.name for p in lm.files],
     }
 
