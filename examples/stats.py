@@ -12,7 +12,7 @@ def mean(values):
 def variance(values):
     """Population variance."""
     m = mean(values)
-    
+
 
 
 def main():
