@@ -20,6 +20,7 @@ completion must stay fast). Other languages: not checked.
 from __future__ import annotations
 
 import ast
+import functools
 import warnings
 
 MAX_CHARS = 300_000
@@ -64,15 +65,24 @@ def _opens_block_ok(text: str, offset: int, insert: str, replace_right: int) -> 
 
 
 class SyntaxGuard:
-    """Built once per request from the buffer; :meth:`keeps` judges one suggestion."""
+    """Built once per request from the buffer; :meth:`keeps` judges one suggestion.
+
+    Parsing costs ~0.2 ms per KB, so nothing is parsed up front: a suggestion whose edited
+    buffer parses is kept at the cost of that one parse, and the buffer itself is parsed
+    (once, cached) only when some suggestion breaks it."""
 
     def __init__(self, text: str, offset: int, *, language: str | None, path: str | None = None) -> None:
         self.text, self.offset = text, offset
-        self.active = (is_python(language, path) and len(text) <= MAX_CHARS and parses(text))
+        self.applies = is_python(language, path) and len(text) <= MAX_CHARS
+
+    @functools.cached_property
+    def active(self) -> bool:
+        """Whether the guard judges at all: a Python buffer, not huge, that parses as it is."""
+        return self.applies and parses(self.text)
 
     def keeps(self, insert: str, replace_right: int = 0) -> bool:
-        if not self.active or not insert:
+        if not self.applies or not insert:
             return True
         if parses(apply(self.text, self.offset, insert, replace_right)):
             return True
-        return _opens_block_ok(self.text, self.offset, insert, replace_right)
+        return not self.active or _opens_block_ok(self.text, self.offset, insert, replace_right)

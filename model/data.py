@@ -30,8 +30,8 @@ followed by ``n - m`` ``<|pad|>`` tokens (that is how the model learns lengths).
 Drawing ``n`` uniformly alone made a single-line hole ~70% pad on average, so most
 FIM targets were easy pads and the model learned "mostly pad"; the tight draw
 keeps the engine's loose candidates (it tries ``max_tokens/4, /2, /1``) in
-training while putting most of the FIM loss on the middle itself. Prefix (cut on the left) and suffix (cut on the right) share the rest
-of ``seq_len``. Only the ``n`` hole slots are targets. Rows are right-padded to
+training while putting most of the FIM loss on the middle itself. Prefix (cut on
+the left) and suffix (cut on the right) share the rest of ``seq_len``. Only the ``n`` hole slots are targets. Rows are right-padded to
 the longest row of the batch; ``attention_mask`` marks real positions.
 
 Noise and loss (MDLM / LLaDA ELBO with the linear schedule alpha_t = 1 - t)

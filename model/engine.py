@@ -152,7 +152,7 @@ class Engine:
         self.lm = lm
         # default decoding: the checkpoint's recommended block (config.json decode_block)
         self.sampler = (sampler if sampler is not None
-                        else SamplerConfig(block=getattr(lm.config, "decode_block", None)))
+                        else SamplerConfig(block=lm.config.decode_block))
         self.options = options if options is not None else EngineOptions()
         self.plan = plan
         self._lock = threading.Lock()  # held while a batch runs on the device
