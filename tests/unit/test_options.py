@@ -79,3 +79,31 @@ def test_remote_backend_options():
                                           "apiKeyEnv": "sk-123 secret"}})
     assert len(errors) == 3 and o.backend == "local"
     assert any("'remoteUrl'" in e for e in errors) and any("'apiKeyEnv'" in e for e in errors)
+
+
+def test_vscode_settings_are_server_options():
+    """Every `diffill.*` setting the VS Code extension declares (except the server's own command
+    line) is forwarded under a wire name the server accepts, with the server's bounds."""
+    import json
+    import re
+    from pathlib import Path
+
+    from diffill.lsp_server.options import WIRE_NAMES
+
+    root = Path(__file__).resolve().parents[2] / "editors" / "vscode"
+    props = json.loads((root / "package.json").read_text())["contributes"]["configuration"]["properties"]
+    declared = {k.removeprefix("diffill.") for k in props} - {"serverCommand"}
+    src = (root / "src" / "options.ts").read_text()
+    block = re.search(r"SERVER_OPTIONS = \[(.*?)\] as const", src, re.S)
+    assert block is not None
+    forwarded = set(re.findall(r"'(\w+)'", block.group(1)))
+    assert declared == forwarded
+    assert forwarded <= set(WIRE_NAMES)
+    for name in ("tokenHealing", "syntaxCheck", "steps"):
+        assert name in forwarded
+    # each declared minimum is one the server accepts
+    for name in forwarded:
+        lo = props[f"diffill.{name}"].get("minimum")
+        if lo is not None:
+            o, errors = options_from({name: lo})
+            assert errors == [], (name, errors)

@@ -12,6 +12,10 @@ export const SERVER_OPTIONS = [
   'contextTokens',
   'multiline',
   'numCandidates',
+  'steps',
+  'tokenHealing',
+  'syntaxCheck',
+  'extraContext',
 ] as const;
 
 export type ServerOptionName = (typeof SERVER_OPTIONS)[number];
