@@ -30,9 +30,15 @@ followed by ``n - m`` ``<|pad|>`` tokens (that is how the model learns lengths).
 Drawing ``n`` uniformly alone made a single-line hole ~70% pad on average, so most
 FIM targets were easy pads and the model learned "mostly pad"; the tight draw
 keeps the engine's loose candidates (it tries ``max_tokens/4, /2, /1``) in
-training while putting most of the FIM loss on the middle itself. Prefix (cut on
-the left) and suffix (cut on the right) share the rest of ``seq_len``. Only the ``n`` hole slots are targets. Rows are right-padded to
-the longest row of the batch; ``attention_mask`` marks real positions.
+training while putting most of the FIM loss on the middle itself.
+With probability ``p_copy_line`` the cursor line is drawn among the lines whose
+stripped text appears again within ``copy_max_lines`` lines (case ``+copy``): code
+repeats itself, and about 15% of held-out lines have a verbatim twin inside the
+model's window, but few uniformly drawn training lines do, so the model practised
+copying from its context too little (the non-neural baseline lives on exactly that).
+Prefix (cut on the left) and suffix (cut on the right) share the rest of
+``seq_len``. Only the ``n`` hole slots are targets. Rows are right-padded to the
+longest row of the batch; ``attention_mask`` marks real positions.
 
 Noise and loss (MDLM / LLaDA ELBO with the linear schedule alpha_t = 1 - t)
 --------------------------------------------------------------------------
@@ -101,6 +107,9 @@ class DataConfig:
     p_end_midline: float = 0.1  # middle stops inside its last line
     p_empty: float = 0.05  # empty middle (all pads)
     p_tight_hole: float = 0.5  # hole = smallest bucket >= middle length (else uniform among them)
+    p_copy_line: float = 0.0  # FIM cursor line drawn among lines repeated nearby (see module doc)
+    copy_min_chars: int = 4  # a repeated line counts when its stripped text has this many chars
+    copy_max_lines: int = 30  # ... and its other occurrence is at most this many lines away
     p_short_context: float = 0.2  # use a random smaller context budget
     t_eps: float = 1e-3
 
@@ -111,6 +120,8 @@ class DataConfig:
             raise ValueError(f"seq_len={self.seq_len} too small for hole buckets {self.hole_buckets}")
         if not 0.0 <= self.p_tight_hole <= 1.0:
             raise ValueError(f"p_tight_hole must be in [0, 1], got {self.p_tight_hole}")
+        if not 0.0 <= self.p_copy_line <= 1.0:
+            raise ValueError(f"p_copy_line must be in [0, 1], got {self.p_copy_line}")
         if len(self.line_count_probs) != self.max_middle_lines:
             raise ValueError("line_count_probs needs one probability per line count")
 
@@ -192,6 +203,22 @@ def _content_end(line: str) -> int:
     return len(line.rstrip("\r\n"))
 
 
+def _repeated_lines(lines: list[str], cands: list[int], min_chars: int, max_dist: int) -> list[int]:
+    """The candidate line indices whose stripped text (at least ``min_chars`` characters)
+    occurs again, stripped, on another line at most ``max_dist`` lines away."""
+    where: dict[str, list[int]] = {}
+    for k, line in enumerate(lines):
+        key = line.strip()
+        if len(key) >= min_chars:
+            where.setdefault(key, []).append(k)
+    out = []
+    for i in cands:
+        others = where.get(lines[i].strip(), ())
+        if any(k != i and abs(k - i) <= max_dist for k in others):
+            out.append(i)
+    return out
+
+
 class BatchMaker:
     """Makes batches from a :class:`TokenSource`; all randomness from ``self.rng``."""
 
@@ -238,12 +265,17 @@ class BatchMaker:
         cands = [i for i in range(lo_line, hi_line) if lines[i].strip()]
         if not cands:
             cands = list(range(lo_line, hi_line))
+        copy = ""
+        if c.p_copy_line > 0 and rng.random() < c.p_copy_line:
+            repeated = _repeated_lines(lines, cands, c.copy_min_chars, c.copy_max_lines)
+            if repeated:
+                cands, copy = repeated, "+copy"
         i = int(cands[int(rng.integers(len(cands)))])
         line = lines[i]
         ind, cend = _indent_end(line), _content_end(line)
         if rng.random() < c.p_empty:
             a = int(offs[i]) + cend
-            return a, a, "empty"
+            return a, a, "empty" + copy
         k = 1 + int(rng.choice(c.max_middle_lines, p=np.asarray(c.line_count_probs)))
         j = min(i + k - 1, hi_line - 1)
         # cursor
@@ -263,7 +295,7 @@ class BatchMaker:
             end_col = int(rng.integers(lo, end_col))
             case += "+endmid"
         b = int(offs[j]) + end_col
-        return a, max(a, b), case
+        return a, max(a, b), case + copy
 
     def fim_row(self) -> Row:
         c, rng, src = self.cfg, self.rng, self.src

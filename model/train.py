@@ -100,6 +100,7 @@ class TrainConfig:
     seq_len: int = 512
     batch_tokens: int = 8192
     fim_ratio: float = 0.6
+    p_copy_line: float = 0.0
     hole_buckets: tuple[int, ...] = (4, 8, 16, 32, 64)
     # optimisation
     lr: float = 1e-3
@@ -155,7 +156,7 @@ class TrainConfig:
 
     def data_config(self) -> DataConfig:
         return DataConfig(seq_len=self.seq_len, fim_ratio=self.fim_ratio,
-                          hole_buckets=tuple(self.hole_buckets))
+                          hole_buckets=tuple(self.hole_buckets), p_copy_line=self.p_copy_line)
 
 
 # --------------------------------------------------------------------------- pieces
@@ -493,6 +494,7 @@ class Trainer:
             "bf16": tc.bf16,
             "seq_len": self.dcfg.seq_len,
             "fim_ratio": self.dcfg.fim_ratio,
+            "p_copy_line": self.dcfg.p_copy_line,
             "hole_buckets": list(self.dcfg.hole_buckets),
             "training_seconds": round(self.elapsed + float(prior.get("training_seconds") or 0), 1),
         }
@@ -766,6 +768,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--max-time-min", type=float, default=0.0)
     p.add_argument("--fim-ratio", type=float, default=d.fim_ratio)
+    p.add_argument("--p-copy-line", type=float, default=d.p_copy_line,
+                   help="share of FIM rows whose cursor line is repeated nearby (copy practice)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=d.bf16)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--resume", help="run folder or checkpoint folder to continue from")
@@ -802,6 +806,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     tc = TrainConfig(
         d_model=args.d_model, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
         ffn=args.ffn, seq_len=args.seq_len, batch_tokens=args.batch_tokens, fim_ratio=args.fim_ratio,
+        p_copy_line=args.p_copy_line,
         lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup=args.warmup,
         weight_decay=args.weight_decay, grad_clip=args.grad_clip, max_tokens=int(args.max_tokens),
         max_steps=args.max_steps, max_time_min=args.max_time_min, bf16=args.bf16,

@@ -100,6 +100,58 @@ def test_fim_hole_size_is_mostly_the_tightest_bucket(tok_and_src):
     with pytest.raises(ValueError, match="p_tight_hole"):
         replace(base, p_tight_hole=1.5)
 
+def test_copy_rows_put_the_cursor_on_a_line_repeated_nearby(tok_and_src):
+    """p_copy_line=1: every FIM row that found a repeated line is marked +copy, and its cursor
+    line's stripped text occurs again in the file within copy_max_lines lines; rows without one
+    fall back to the usual draw. p_copy_line=0 draws exactly the stream it drew before."""
+    from diffill.model.data import _repeated_lines
+
+    tok, _, micro_src, _ = tok_and_src
+    files = []  # the micro corpus repeats no line; these files do, a few lines apart
+    for k in range(6):
+        body = "".join(f"def case_{k}_{j}(x):\n    y = x + {j}\n    assert check(y)\n    return y\n\n"
+                       for j in range(8))
+        files.append(f"import os\n\n\n{body}")
+    src = TokenSource.from_token_lists([tok.encode(f, add_special_tokens=False).ids for f in files],
+                                       tok.token_to_id("<|eos|>"))
+    base = replace(MICRO_TRAIN.data_config(), p_copy_line=1.0)
+    bm = BatchMaker(src, tok, base, 8, seed=5)
+    copies = 0
+    for _ in range(200):
+        r = bm.fim_row()
+        if "+copy" not in r.info["case"]:
+            continue
+        copies += 1
+        h0, h1 = r.hole
+        prefix = tok.decode(r.ids[1:h0])
+        middle = tok.decode(r.ids[h0 : h0 + r.middle_len])
+        suffix = tok.decode(r.ids[h1:-1])
+        whole = prefix + middle + suffix
+        # the canvas is cropped (a line may be cut at either end): judge the file's line,
+        # and the twin may lie outside the canvas, never outside the file
+        f = next(f for f in files if whole in f)
+        flines = f.splitlines(keepends=True)
+        fi = f[: f.index(whole)].count("\n") + prefix.count("\n")
+        key = flines[fi].strip()
+        assert len(key) >= base.copy_min_chars
+        assert any(k != fi and abs(k - fi) <= base.copy_max_lines and flines[k].strip() == key
+                   for k in range(len(flines)))
+    assert copies > 100
+
+    lines = ["a = 1\n", "if x:\n", "    a = 1\n", "\n", "return a\n"]
+    assert _repeated_lines(lines, [0, 1, 2, 4], 4, 30) == [0, 2]
+    assert _repeated_lines(lines, [0, 1, 2, 4], 4, 1) == []
+    assert _repeated_lines(lines, [0, 2], 6, 30) == []  # "a = 1" is 5 characters
+
+    off = replace(MICRO_TRAIN.data_config(), p_copy_line=0.0)
+    a = BatchMaker(micro_src, tok, off, 8, seed=9)
+    b = BatchMaker(micro_src, tok, MICRO_TRAIN.data_config(), 8, seed=9)
+    for _ in range(20):
+        assert a.fim_row().ids == b.fim_row().ids
+    with pytest.raises(ValueError, match="p_copy_line"):
+        replace(base, p_copy_line=-0.1)
+
+
 def test_batch_masks_only_targets_with_1_over_t_weights(tok_and_src):
     tok, _, src, _ = tok_and_src
     cfg = replace(MICRO_TRAIN.data_config(), fim_ratio=0.5)
