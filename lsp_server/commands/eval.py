@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         EmptyGenerator,
         load_model_generator,
     )
-    from diffill.lsp_server.evaluation.heldout import default_heldout_path, heldout_tasks
+    from diffill.lsp_server.evaluation.heldout import default_heldout_path, heldout_tasks, repeats_in_file
     from diffill.lsp_server.evaluation.runner import (
         ExecCache,
         Output,
@@ -262,13 +262,15 @@ def run(args: argparse.Namespace) -> int:
                 if not ts:
                     continue
                 part: dict[str, Any] = {"tasks": len(ts), "systems": {}}
+                rep = [repeats_in_file(t) for t in ts]
+                groups = {"repeated": rep, "fresh": [not r for r in rep]}
                 for g in gens:
                     outs = generate(g, ts, desc=f"held-out {kind} {g.name}", progress=progress)
                     errs = [o.error for o in outs if o.error]
                     if errs:
                         notes.append(f"held-out {kind} {g.name}: {len(errs)} completion(s) raised; "
                                      f"first: {errs[0]}")
-                    part["systems"][g.name] = text_metrics(ts, outs)
+                    part["systems"][g.name] = text_metrics(ts, outs, groups)
                     write_jsonl(out / f"details_heldout_{kind}_{g.name}.jsonl", per_task_rows(ts, outs, None))
                 section[kind] = part
             results["heldout"] = section

@@ -111,6 +111,15 @@ def sample_tasks(
     return out
 
 
+def repeats_in_file(task: InfillTask) -> bool:
+    """Whether every non-blank line of the task's middle also occurs (stripped) on another
+    line of the file: the tasks a copy from the context can solve (the non-neural baseline
+    lives on them), reported apart from the rest by ``diffill eval``."""
+    rest = {ln.strip() for ln in (task.prompt + task.suffix).split("\n")}
+    middle = [ln.strip() for ln in task.canonical_solution.split("\n") if ln.strip()]
+    return bool(middle) and all(ln in rest for ln in middle)
+
+
 def heldout_tasks(
     path: str | Path, n_lines: int, n_spans: int, *, seed: int = 0, max_line_chars: int = 200
 ) -> tuple[list[InfillTask], list[InfillTask]]:

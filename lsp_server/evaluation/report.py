@@ -48,7 +48,8 @@ def humaneval_table(section: dict[str, Any]) -> str:
 
 
 def heldout_table(section: dict[str, Any]) -> str:
-    head = f"{'system':<10} {'set':<6} {'tasks':>5} {'EM':>6} {'EM(ws)':>6} {'ES':>6} {'p50 ms':>8}"
+    head = (f"{'system':<10} {'set':<6} {'tasks':>5} {'EM':>6} {'EM(ws)':>6} {'ES':>6} {'p50 ms':>8}"
+            f" {'EM rep':>6} {'EM new':>6}")
     rows = [f"Held-out corpus ({section['source']})", head, "-" * len(head)]
     for kind in ("lines", "spans"):
         part = section.get(kind)
@@ -58,7 +59,16 @@ def heldout_table(section: dict[str, Any]) -> str:
             rows.append(
                 f"{name:<10} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} {_f(s.get('exact_match_ws'))} "
                 f"{_f(s.get('edit_similarity'))} {_f(s.get('latency_p50_ms'), '8.1f')}"
+                f" {_f(s.get('exact_match_repeated'))} {_f(s.get('exact_match_fresh'))}"
             )
+    counts = []
+    for kind in ("lines", "spans"):
+        some = next(iter((section.get(kind) or {}).get("systems", {}).values()), {})
+        if "repeated_tasks" in some:
+            counts.append(f"{kind} {some['repeated_tasks']}/{some['tasks']}")
+    if counts:
+        rows.append("EM rep: tasks whose middle's lines all occur elsewhere in the file ("
+                    + ", ".join(counts) + "); EM new: the others")
     return "\n".join(rows)
 
 

@@ -54,12 +54,20 @@ def generate(gen: Generator, tasks: Sequence[InfillTask], *, desc: str = "", pro
     return out
 
 
-def text_metrics(tasks: Sequence[InfillTask], outputs: Sequence[Output]) -> dict[str, Any]:
-    """Exact match (strict / whitespace-normalised), edit similarity and latency."""
+def text_metrics(
+    tasks: Sequence[InfillTask], outputs: Sequence[Output], groups: dict[str, Sequence[bool]] | None = None
+) -> dict[str, Any]:
+    """Exact match (strict / whitespace-normalised), edit similarity and latency; with
+    ``groups`` (name -> one flag per task) also ``exact_match_<name>`` over each group's tasks."""
     targets = [t.editor_view().target for t in tasks]
     ins = [o.insert for o in outputs]
     lat = [o.latency_s for o in outputs if math.isfinite(o.latency_s)]  # nan: scored from a file
-    return {
+    split: dict[str, Any] = {}
+    for name, flags in (groups or {}).items():
+        hits = [exact_match(a, b) for a, b, f in zip(ins, targets, flags, strict=True) if f]
+        split[f"{name}_tasks"] = len(hits)
+        split[f"exact_match_{name}"] = mean(hits) if hits else None
+    return {**split,
         "tasks": len(tasks),
         "exact_match": mean([exact_match(a, b) for a, b in zip(ins, targets, strict=True)]),
         "exact_match_ws": mean([exact_match_ws(a, b) for a, b in zip(ins, targets, strict=True)]),

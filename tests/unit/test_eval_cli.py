@@ -83,6 +83,7 @@ def test_eval_with_limit_on_a_checkpoint(tmp_path, capsys, model_dir, heldout_fi
     for part in (ho["lines"], ho["spans"]):
         for s in part["systems"].values():
             assert 0.0 <= s["edit_similarity"] <= 1.0
+            assert s["repeated_tasks"] + s["fresh_tasks"] == part["tasks"]
 
     assert [p["steps"] for p in data["frontier"]] == [1, 2]
     assert data["frontier"][1]["pass_at_1"] == he["systems"]["model"]["pass_at_1"]  # steps=2 is the main run

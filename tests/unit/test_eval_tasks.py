@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from diffill.lsp_server.evaluation.heldout import heldout_tasks, read_documents, sample_tasks
+from diffill.lsp_server.evaluation.heldout import heldout_tasks, read_documents, repeats_in_file, sample_tasks
 from diffill.lsp_server.evaluation.tasks import (
     InfillTask,
     TaskError,
@@ -160,3 +160,28 @@ def test_heldout_tasks_shape(tmp_path):
     assert all(not t.multiline for t in lines)
     assert {t.canonical_solution.count("\n") for t in spans} <= {2, 3, 4}
     assert all(t.multiline for t in spans)
+
+
+def test_repeated_middles_and_the_exact_match_split():
+    from diffill.lsp_server.evaluation.runner import Output, text_metrics
+    from diffill.lsp_server.evaluation.tasks import InfillTask
+
+    def task(prompt, middle, suffix):
+        return InfillTask(task_id=f"t{len(prompt)}", prompt=prompt, suffix=suffix, canonical_solution=middle)
+
+    rep = task("def f(x):\n    y = 1\n", "        y = 1\n", "    return y\n")  # twin, other indentation
+    new = task("def f(x):\n", "    y = 2\n", "    return y\n")
+    span = task("a = 1\nb = 2\n", "a = 1\nc = 3\n", "\n")  # one line of the span has no twin
+    blank = task("x = 1\n", "\n", "x = 1\n")
+    assert [repeats_in_file(t) for t in (rep, new, span, blank)] == [True, False, False, False]
+
+    tasks = [rep, new]
+    outs = [Output(rep.task_id, "        y = 1", 0.0, ""), Output(new.task_id, "    y = 3", 0.0, "")]
+    flags = [repeats_in_file(t) for t in tasks]
+    m = text_metrics(tasks, outs, {"repeated": flags, "fresh": [not f for f in flags]})
+    assert m["exact_match"] == 0.5
+    assert (m["repeated_tasks"], m["exact_match_repeated"]) == (1, 1.0)
+    assert (m["fresh_tasks"], m["exact_match_fresh"]) == (1, 0.0)
+    assert "exact_match_repeated" not in text_metrics(tasks, outs)
+    empty = text_metrics(tasks, outs, {"none": [False, False]})
+    assert empty["none_tasks"] == 0 and empty["exact_match_none"] is None
