@@ -105,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
         EmptyGenerator,
         load_model_generator,
     )
-    from diffill.lsp_server.evaluation.heldout import default_heldout_path, heldout_tasks, repeats_in_file
+    from diffill.lsp_server.evaluation.heldout import (
+        default_heldout_path,
+        heldout_tasks,
+        repeats_in_file,
+    )
     from diffill.lsp_server.evaluation.runner import (
         ExecCache,
         Output,

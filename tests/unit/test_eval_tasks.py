@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from diffill.lsp_server.evaluation.heldout import heldout_tasks, read_documents, repeats_in_file, sample_tasks
+from diffill.lsp_server.evaluation.heldout import (
+    heldout_tasks,
+    read_documents,
+    repeats_in_file,
+    sample_tasks,
+)
 from diffill.lsp_server.evaluation.tasks import (
     InfillTask,
     TaskError,
