@@ -13,14 +13,32 @@ accepted when an indented ``pass`` after that line makes the buffer parse again.
 
 When the buffer does not parse already (the user is in the middle of typing, which
 is the common case mid-line), nothing is filtered: there is no baseline to protect.
-Buffers over :data:`MAX_CHARS` characters are not checked (parsing is linear, but a
-completion must stay fast). Other languages: not checked.
+Buffers over :data:`MAX_CHARS` characters are not checked. Other languages: not checked.
+
+**Only the code around the cursor is re-parsed.** Parsing costs ~0.15-0.35 ms per KB, so
+judging every candidate on the whole buffer (:meth:`SyntaxGuard.keeps_whole`, the
+reference rule) would spend the whole 25 ms budget on a 100 KB file. Instead the buffer
+is cut into *segment* -- the innermost ``def``/``class`` holding the cursor (decorators
+included), or failing that an outer one, or the top-level statement(s) around the
+cursor's line -- and *rest* (the buffer without it). The cut is *clean* when the segment,
+as a block at its own indentation, parses and the rest parses, and the place where the
+segment was cut out is not inside a string or a bracket of the rest (a code example in a
+docstring looks like code): then the whole parses, and
+an edit inside the segment leaves it parsing exactly when the edited segment still parses
+as one block at that indentation. A candidate costs one parse of its segment; the rest is
+parsed once and remembered across requests (it does not change while the user types
+inside one function). An edited segment that does not parse is judged again with one
+sibling statement more on each side (an edit can join its statement to a neighbour: a
+decorator or a comment at the header's column, a trailing backslash). No clean cut (a
+line inside a string at a lower indentation, a broken buffer): the reference rule.
+``scripts/bench_syntax_guard.py`` times both and checks that they agree.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 import warnings
 
 MAX_CHARS = 300_000
@@ -35,52 +53,280 @@ def is_python(language: str | None, path: str | None = None) -> bool:
 
 def parses(source: str) -> bool:
     """True when ``source`` is syntactically valid Python (the running interpreter's grammar)."""
+    return _tree(source) is not None
+
+
+def _tree(source: str) -> ast.Module | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. SyntaxWarning for invalid escapes
-            ast.parse(source)
+            return ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    return True
+        return None
+
+
+@functools.lru_cache(maxsize=16)
+def _rest_interior(rest: str) -> frozenset[int] | None:
+    """None when ``rest`` does not parse; else the (1-based) lines that start inside one
+    expression or simple statement (a string or a bracket running over several lines),
+    where a block cannot have been cut out. Remembered: the rest repeats across keystrokes."""
+    tree = _tree(rest)
+    if tree is None:
+        return None
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.expr | ast.pattern) or (
+            isinstance(node, ast.stmt) and not hasattr(node, "body")
+        ):
+            end = node.end_lineno or node.lineno
+            if end > node.lineno:
+                inside.update(range(node.lineno + 1, end + 1))
+    return frozenset(inside)
+
+
+def parses_as_block(source: str, indent: int) -> bool:
+    """Whether ``source`` parses as statements of one block at column ``indent`` (0: module
+    level): a line dedented below ``indent`` would leave the block, and a block whose
+    statements all sit deeper (its header edited away) is another block: neither accepted."""
+    if indent == 0:
+        return parses(source)
+    tree = _tree("class _:\n" + source)  # a class takes no else/elif/except/finally
+    return (tree is not None and len(tree.body) == 1
+            and all(st.col_offset == indent for st in tree.body[0].body))
 
 
 def apply(text: str, offset: int, insert: str, replace_right: int = 0) -> str:
     return text[:offset] + insert + text[offset + replace_right:]
 
 
-def _opens_block_ok(text: str, offset: int, insert: str, replace_right: int) -> bool:
+def _opens_block_ok(text: str, offset: int, insert: str, replace_right: int, indent: int = 0) -> bool:
     """Whether the only problem is a block opened by the suggestion's last line with no body
-    yet: an indented ``pass`` after that line makes the buffer parse."""
+    yet: an indented ``pass`` after that line makes ``text`` (a block at column ``indent``)
+    parse."""
     edited = apply(text, offset, insert, replace_right)
     end = offset + len(insert)
     line_start = edited.rfind("\n", 0, end) + 1
     last = edited[line_start:end]
-    indent = last[: len(last) - len(last.lstrip(" \t"))]
-    unit = "\t" if indent.startswith("\t") else "    "
+    lead = last[: len(last) - len(last.lstrip(" \t"))]
+    unit = "\t" if lead.startswith("\t") else "    "
     # the rest of the suggestion's line stays where it is; the body goes after that line
     nl = edited.find("\n", end)
     cut = len(edited) if nl < 0 else nl
-    body = "\n" + indent + unit + "pass"
-    return parses(edited[:cut] + body + edited[cut:])
+    body = "\n" + lead + unit + "pass"
+    return parses_as_block(edited[:cut] + body + edited[cut:], indent)
+
+
+# -- cutting the buffer around the cursor ---------------------------------------------------
+
+_HEADER = re.compile(r"[ \t]*(?:async[ \t]+def|def|class)\b")
+_CONTINUES = frozenset(("else", "elif", "except", "finally"))
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _is_code(line: str) -> bool:
+    s = line.strip()
+    return bool(s) and not s.startswith("#")
+
+
+def _starts_at(line: str, col: int) -> bool:
+    """Whether ``line`` can start a statement of a block at column ``col``: code indented
+    exactly ``col``, not a closing bracket, not the ``else``/``elif``/``except``/``finally``
+    of the statement before."""
+    if not _is_code(line) or _indent(line) != col:
+        return False
+    s = line.lstrip(" \t")
+    if s[0] in ")]}":
+        return False
+    m = _WORD.match(s)
+    return not (m and m.group() in _CONTINUES)
+
+
+def _ends_before(line: str, col: int) -> bool:
+    """Whether ``line`` cannot belong to a statement of a block at column ``col`` that
+    started above it: code indented less than ``col`` (not a closing bracket), or a new
+    statement at ``col``."""
+    if not _is_code(line):
+        return False
+    if _indent(line) < col:
+        return line.lstrip(" \t")[0] not in ")]}"
+    return _starts_at(line, col)
+
+
+class _Lines:
+    """The buffer's lines (without ``\\n``) and the offset where each starts."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = text.split("\n")
+        self.starts = [0]
+        for ln in self.lines[:-1]:
+            self.starts.append(self.starts[-1] + len(ln) + 1)
+
+    def line_of(self, offset: int) -> int:
+        return self.text.count("\n", 0, offset)
+
+    def offset_of(self, i: int) -> int:
+        return self.starts[i] if i < len(self.lines) else len(self.text)
+
+    def headers(self, cur: int) -> list[int]:
+        """``def``/``class`` lines enclosing line ``cur`` (or on it), innermost first: each is
+        indented less than every code line between it and ``cur``."""
+        out, bound = [], None
+        for k in range(cur, -1, -1):
+            ln = self.lines[k]
+            if not _is_code(ln):
+                continue
+            ind = _indent(ln)
+            if bound is None or ind < bound:
+                if _HEADER.match(ln):
+                    out.append(k)
+                bound = ind
+                if ind == 0:
+                    break
+        return out
+
+    def statement_start(self, i: int, col: int) -> int:
+        """Line ``i`` (a statement start at ``col``) moved up over its decorators."""
+        k = i - 1
+        while k >= 0:
+            ln = self.lines[k]
+            if _is_code(ln):
+                if _indent(ln) != col or not ln.lstrip(" \t").startswith("@"):
+                    break
+                i = k
+            k -= 1
+        return i
+
+    def span_end(self, cur: int, col: int) -> int:
+        """First line after ``cur`` that ends a block-``col`` statement running through ``cur``."""
+        j = cur + 1
+        while j < len(self.lines) and not _ends_before(self.lines[j], col):
+            j += 1
+        return j
+
+    def top_level(self, cur: int) -> int:
+        i = cur
+        while i > 0 and not _starts_at(self.lines[i], 0):
+            i -= 1
+        return self.statement_start(i, 0)
+
+    def previous_sibling(self, i: int, col: int) -> int:
+        """Start of the statement at ``col`` just above line ``i`` in the same block (``i`` if none)."""
+        k = i - 1
+        while k >= 0:
+            ln = self.lines[k]
+            if _is_code(ln):
+                if _indent(ln) < col and ln.lstrip(" \t")[0] not in ")]}":
+                    return i  # the block's header: no sibling above
+                if _starts_at(ln, col):
+                    return self.statement_start(k, col)
+            k -= 1
+        return i
+
+    def next_sibling_end(self, j: int, col: int) -> int:
+        """End of the statement at ``col`` starting on line ``j`` (``j`` if none starts there)."""
+        if j >= len(self.lines) or not _starts_at(self.lines[j], col):
+            return j
+        return self.span_end(j, col)
 
 
 class SyntaxGuard:
     """Built once per request from the buffer; :meth:`keeps` judges one suggestion.
 
-    Parsing costs ~0.2 ms per KB, so nothing is parsed up front: a suggestion whose edited
-    buffer parses is kept at the cost of that one parse, and the buffer itself is parsed
-    (once, cached) only when some suggestion breaks it."""
+    Nothing is parsed up front. :meth:`keeps` parses the segment around the cursor with the
+    suggestion applied (the rest of the buffer once, remembered across requests) and falls
+    back to :meth:`keeps_whole` when the buffer does not cut cleanly (module doc)."""
 
     def __init__(self, text: str, offset: int, *, language: str | None, path: str | None = None) -> None:
         self.text, self.offset = text, offset
         self.applies = is_python(language, path) and len(text) <= MAX_CHARS
+        self._segments: dict[tuple[bool, int | None], tuple[int, int, int] | None] = {}
 
     @functools.cached_property
     def active(self) -> bool:
         """Whether the guard judges at all: a Python buffer, not huge, that parses as it is."""
         return self.applies and parses(self.text)
 
+    def segment(self, wide: bool = False, need: int | None = None) -> tuple[int, int, int] | None:
+        """``(a, b, col)``: the characters ``[a, b)`` of the innermost clean cut around the cursor,
+        a block at column ``col <= need`` (``wide``: one sibling statement more on each side),
+        or None."""
+        key = (wide, need)
+        if key not in self._segments:
+            self._segments[key] = self._cut(wide, need) if self.applies else None
+        return self._segments[key]
+
+    @functools.cached_property
+    def _lines(self) -> _Lines:
+        return _Lines(self.text)
+
+    @functools.cached_property
+    def _spans(self) -> list[tuple[int, int, int]]:
+        """(first line, end line, col) of the cuts to try, innermost first."""
+        L = self._lines
+        cur = L.line_of(self.offset)
+        spans = []
+        for h in L.headers(cur):
+            col = _indent(L.lines[h])
+            spans.append((L.statement_start(h, col), L.span_end(cur, col), col))
+        spans.append((L.top_level(cur), L.span_end(cur, 0), 0))
+        return spans
+
+    def _cut(self, wide: bool, need: int | None) -> tuple[int, int, int] | None:
+        L, t = self._lines, self.text
+        tried = set()
+        for i, j, col in self._spans:
+            if need is not None and col > need:
+                continue
+            if wide:
+                i, j = L.previous_sibling(i, col), L.next_sibling_end(j, col)
+            if (i, j) in tried:
+                continue
+            tried.add((i, j))
+            a, b = L.offset_of(i), L.offset_of(j)
+            if not parses_as_block(t[a:b], col):
+                continue
+            inside = _rest_interior(t[:a] + t[b:])  # the cut-out block sits at rest's line i + 1
+            if inside is not None and i + 1 not in inside:
+                return a, b, col
+        return None
+
+    def _written_indent(self, insert: str, replace_right: int) -> int | None:
+        """Least indentation among the code lines the edit writes or moves (the cursor's line
+        with the suggestion in it); None when there are none."""
+        t, off = self.text, self.offset
+        start = t.rfind("\n", 0, off) + 1
+        end = t.find("\n", off + replace_right)
+        end = len(t) if end < 0 else end
+        written = t[start:off] + insert + t[off + replace_right : end]
+        cols = [_indent(ln) for ln in written.split("\n") if _is_code(ln)]
+        return min(cols) if cols else None
+
     def keeps(self, insert: str, replace_right: int = 0) -> bool:
+        """Whether to offer ``insert`` at the cursor (replacing ``replace_right`` characters).
+
+        Judged on the innermost clean cut whose block holds every line the edit writes;
+        when the edited cut does not parse, on one sibling statement more on each side;
+        the whole-buffer rule when there is no clean cut."""
+        if not self.applies or not insert:
+            return True
+        need = self._written_indent(insert, replace_right)
+        for wide in (False, True):
+            seg = self.segment(wide, need)
+            if seg is None or self.offset + replace_right > seg[1]:
+                return self.keeps_whole(insert, replace_right)
+            a, b, col = seg
+            part, off = self.text[a:b], self.offset - a
+            if parses_as_block(apply(part, off, insert, replace_right), col):
+                return True
+        return _opens_block_ok(part, off, insert, replace_right, col)
+
+    def keeps_whole(self, insert: str, replace_right: int = 0) -> bool:
+        """The reference rule on the whole buffer (slow on large files)."""
         if not self.applies or not insert:
             return True
         if parses(apply(self.text, self.offset, insert, replace_right)):

@@ -87,3 +87,125 @@ def test_completer_falls_back_to_the_best_candidate_that_parses():
     # nothing parses: no suggestion rather than a broken file
     bad = Completer(_Scripted(["    total = (", "    ]"]), options_from_kwargs(multiline="always-single"))
     assert bad.complete(BUF, CUR, n=2, language="python") == []
+
+
+# -- the statement-local fast path against the whole-buffer reference ------------------------
+
+CLASSY = '''"""Module doc.
+
+Example::
+
+    class Fake(Base):
+        x: int
+"""
+import os
+
+
+@decorator
+def top(a):
+    return a
+
+
+class Big:
+    """A class with methods."""
+
+    def first(self, x):
+        if x:
+            y = 1
+        else:
+            y = 2
+        return y
+
+    def second(self):
+        values = [
+            1,
+        ]
+        return values
+
+'''
+
+
+def _at(text, needle, delta=0):
+    return text.index(needle) + delta
+
+
+def test_a_method_edit_is_judged_on_the_method_alone():
+    off = _at(CLASSY, "        return y")
+    g = SyntaxGuard(CLASSY, off, language="python")
+    a, b, col = g.segment()
+    assert col == 4 and CLASSY[a:b].lstrip().startswith("def first") and "def second" not in CLASSY[a:b]
+    assert g.keeps("        y += 1\n") and not g.keeps("        y = (\n")
+    assert not g.keeps("else:\n")  # a class wrapper takes no else: a dedent below the method
+    assert g.keeps_whole("else:\n") is False
+
+
+def test_cases_where_the_edit_leaves_its_block_agree_with_the_reference():
+    end = len(CLASSY)  # column 0 after the class: a new top-level function is fine
+    blank = _at(CLASSY, "\n\n    def second") + 1  # between two methods
+    for off, ins in [(end, "def main():"), (end, "main()"), (blank, "    def third(self):"),
+                     (blank, "    @property"), (blank, "if x:"), (blank, "return"),
+                     (_at(CLASSY, "@decorator"), "@other\n"), (_at(CLASSY, "import os"), "# c\n"),
+                     (_at(CLASSY, "class Big"), "@dataclass\n"), (_at(CLASSY, "import os") - 1, "\\")]:
+        g = SyntaxGuard(CLASSY, off, language="python")
+        assert g.keeps(ins) == g.keeps_whole(ins), (off, ins)
+    assert SyntaxGuard(CLASSY, end, language="python").keeps("def main():")
+    # the method's header commented out / replaced: its body would be a deeper block of its own
+    head = _at(CLASSY, "    def second")
+    g = SyntaxGuard(CLASSY, head, language="python")
+    for ins, rr in (("# gone ", 0), ("        x = 1", len("    def second(self):"))):
+        assert g.keeps(ins, rr) == g.keeps_whole(ins, rr), ins
+
+
+def test_code_in_a_docstring_is_not_cut_as_code():
+    off = _at(CLASSY, "        x: int")  # inside the module docstring's example
+    g = SyntaxGuard(CLASSY, off, language="python")
+    assert g.segment() is None or g.segment()[1] > _at(CLASSY, 'import os')  # never the fake class
+    assert g.keeps("        x = (unclosed prose")  # inside a string anything goes
+
+
+def test_the_rest_of_the_buffer_is_parsed_once_across_keystrokes():
+    from diffill.lsp_server.syntax import _rest_interior
+
+    _rest_interior.cache_clear()
+    line = "        return values\n"
+    for k in range(1, 6):  # the user types a new line above `return values`, one key at a time
+        typed = "        total = 1"[: 8 + k]
+        text = CLASSY.replace(line, typed + "\n" + line)
+        g = SyntaxGuard(text, text.index(typed) + len(typed), language="python")
+        g.keeps("0")
+    info = _rest_interior.cache_info()
+    assert info.misses == 1 and info.hits >= 4
+
+
+def test_fast_path_matches_the_reference_on_library_code():
+    """Cursors at line starts, indentation and mid-line in two standard-library modules, with
+    lines of the same file and broken fragments as suggestions: both rules must agree."""
+    import inspect
+    import random
+    import textwrap as tw
+    from json import decoder
+
+    rng = random.Random(7)
+    frags = ["(", '"""', "else:", "    return x", "def g():", "x = [", ")", "'", "# note", "\\",
+             "@dec", "elif y:", "    pass", "return", "if x:", 'f"{', "except:", "\n", "class K:"]
+    checked = fast = 0
+    for mod in (tw, decoder):
+        src = inspect.getsource(mod)
+        lines = src.splitlines(keepends=True)
+        starts = [0]
+        for ln in lines:
+            starts.append(starts[-1] + len(ln))
+        for _ in range(40):
+            li = rng.randrange(len(lines))
+            line = lines[li]
+            r = rng.random()
+            col = 0 if r < 0.4 else (len(line) - len(line.lstrip(" ")) if r < 0.7 else rng.randrange(len(line)))
+            off = starts[li] + col
+            g = SyntaxGuard(src, off, language="python")
+            fast += g.segment() is not None
+            for _ in range(4):
+                ins = rng.choice(frags) if rng.random() < 0.5 else lines[rng.randrange(len(lines))].rstrip("\n")
+                rr = rng.choice([0, 0, max(0, len(line.rstrip("\n")) - col)])
+                assert g.keeps(ins, rr) == g.keeps_whole(ins, rr), (mod.__name__, li, col, ins, rr)
+                checked += 1
+    assert checked == 320 and fast > 60  # the fast path was taken for most cursors
