@@ -186,7 +186,8 @@ class LocalBackend:
         """See :class:`Backend`; ``temperature`` > 0 samples (``seed`` makes it repeatable)."""
         from diffill.model.sampler import InfillCancelled
 
-        if steps is None and latency_budget_ms is not None:
+        if steps is None:
+            latency_budget_ms = self.budget_ms(latency_budget_ms)
             if getattr(self.engine, "plan", None) is not None:
                 self._replan(latency_budget_ms)  # the engine's step plan picks steps per shape
             else:
@@ -230,6 +231,7 @@ class LocalBackend:
             "device": str(self.engine.device),
             "dtype": str(self.engine.dtype).replace("torch.", ""),
             "ms_per_step": self.timer.ms_per_step,
+            "latency_budget_ms": self.budget_ms(),
             "step_plan": getattr(self.engine, "plan", None) is not None,
             "model_calls": self.model_calls,
             "engine_completed": es.get("completed"),
@@ -237,6 +239,17 @@ class LocalBackend:
         }
 
     # -- helpers ---------------------------------------------------------------------------
+    def budget_ms(self, requested: float | None = None) -> float:
+        """The latency budget in force: the request's, else the backend's, else the device's
+        default (:data:`~.options.DEFAULT_LATENCY_BUDGET_MS`)."""
+        from .options import default_latency_budget_ms
+
+        if requested is not None:
+            return float(requested)
+        if self.latency_budget_ms is not None:
+            return float(self.latency_budget_ms)
+        return default_latency_budget_ms(getattr(getattr(self.engine, "device", None), "type", "cpu"))
+
     def _wrap_cancel(self, cancel: CancelFn | None) -> CancelFn | None:
         delay = self.step_delay_s
         fault: type[Exception] | None = None
@@ -274,7 +287,7 @@ class LocalBackend:
         """One tiny infill (first-call overheads paid, ms/step measured); on CUDA also the
         engine's per-shape step plan for ``self.latency_budget_ms`` (CPU: the running
         ms/step estimate is used instead, measuring every bucket would take too long)."""
-        latency_budget_ms = self.latency_budget_ms
+        latency_budget_ms = self.budget_ms()
         ids = self.encode_batch(["def f(x):\n    return ", "\n"])
         t0 = time.perf_counter()
         res = self.engine.infill(ids[0], ids[1], max_tokens=8, steps=2)
@@ -282,7 +295,7 @@ class LocalBackend:
         if res and self.step_delay_s == 0:
             self.timer.observe(ms, max(r.steps for r in res))
         dev = getattr(self.engine, "device", None)
-        if (latency_budget_ms is not None and getattr(dev, "type", "") == "cuda"
+        if (getattr(dev, "type", "") == "cuda"
                 and hasattr(self.engine, "measure_plan")):
             self.engine.measure_plan(budget_ms=latency_budget_ms, max_steps=self.max_steps)
 

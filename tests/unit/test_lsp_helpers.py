@@ -286,6 +286,21 @@ def test_local_backend_steps_from_plan_or_timer():
     b2.timer.observe(40.0, 4)  # 10 ms per step
     b2.infill(_ctx(), n=1, max_tokens=16, latency_budget_ms=30.0)
     assert eng2.calls[-1]["steps"] == 3
+    # no budget anywhere: the device's default (the fake engine has no device: CPU, 200 ms)
+    assert b2.budget_ms() == 200.0
+    b2.infill(_ctx(), n=1, max_tokens=16)
+    assert eng2.calls[-1]["steps"] == 16  # 200 ms / 10 ms = 20 steps, capped at max_steps
+    b3 = LocalBackend(_FakeEngine(), step_delay_s=0, latency_budget_ms=50.0)
+    b3.timer.observe(40.0, 4)
+    b3.infill(_ctx(), n=1, max_tokens=16)
+    assert b3.engine.calls[-1]["steps"] == 5 and b3.budget_ms(12.0) == 12.0  # the request's wins
+
+
+def test_default_latency_budget_by_device():
+    from diffill.lsp_server.options import default_latency_budget_ms
+
+    assert default_latency_budget_ms("cuda") == 25.0 and default_latency_budget_ms("cpu") == 200.0
+    assert default_latency_budget_ms("mps") == 25.0  # other accelerators: the GPU target
 
 
 # -- token healing (mock backend: control flow only) ---------------------------------------------
