@@ -66,22 +66,28 @@ def _tree(source: str) -> ast.Module | None:
 
 
 @functools.lru_cache(maxsize=16)
-def _rest_interior(rest: str) -> frozenset[int] | None:
-    """None when ``rest`` does not parse; else the (1-based) lines that start inside one
-    expression or simple statement (a string or a bracket running over several lines),
-    where a block cannot have been cut out. Remembered: the rest repeats across keystrokes."""
+def _rest_cut_ok(rest: str, line: int) -> bool:
+    """Whether ``rest`` parses and a block can have been cut out of it at the start of (1-based)
+    ``line``: that line does not start inside one expression or simple statement (a string or
+    a bracket running over several lines). Only the nodes spanning ``line`` are visited.
+    Remembered: the rest and the cut repeat across keystrokes."""
     tree = _tree(rest)
     if tree is None:
-        return None
-    inside: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.expr | ast.pattern) or (
-            isinstance(node, ast.stmt) and not hasattr(node, "body")
-        ):
-            end = node.end_lineno or node.lineno
-            if end > node.lineno:
-                inside.update(range(node.lineno + 1, end + 1))
-    return frozenset(inside)
+        return False
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        lo = getattr(node, "lineno", None)
+        if lo is not None:
+            hi = getattr(node, "end_lineno", None) or lo
+            if not lo < line <= hi:
+                continue
+            if isinstance(node, ast.expr | ast.pattern) or (
+                isinstance(node, ast.stmt) and not hasattr(node, "body")
+            ):
+                return False
+        stack.extend(ast.iter_child_nodes(node))
+    return True
 
 
 def parses_as_block(source: str, indent: int) -> bool:
@@ -290,8 +296,7 @@ class SyntaxGuard:
             a, b = L.offset_of(i), L.offset_of(j)
             if not parses_as_block(t[a:b], col):
                 continue
-            inside = _rest_interior(t[:a] + t[b:])  # the cut-out block sits at rest's line i + 1
-            if inside is not None and i + 1 not in inside:
+            if _rest_cut_ok(t[:a] + t[b:], i + 1):  # the cut-out block sat at rest's line i + 1
                 return a, b, col
         return None
 

@@ -164,16 +164,16 @@ def test_code_in_a_docstring_is_not_cut_as_code():
 
 
 def test_the_rest_of_the_buffer_is_parsed_once_across_keystrokes():
-    from diffill.lsp_server.syntax import _rest_interior
+    from diffill.lsp_server.syntax import _rest_cut_ok
 
-    _rest_interior.cache_clear()
+    _rest_cut_ok.cache_clear()
     line = "        return values\n"
     for k in range(1, 6):  # the user types a new line above `return values`, one key at a time
         typed = "        total = 1"[: 8 + k]
         text = CLASSY.replace(line, typed + "\n" + line)
         g = SyntaxGuard(text, text.index(typed) + len(typed), language="python")
         g.keeps("0")
-    info = _rest_interior.cache_info()
+    info = _rest_cut_ok.cache_info()
     assert info.misses == 1 and info.hits >= 4
 
 
