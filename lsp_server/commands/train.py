@@ -11,6 +11,9 @@ Thin wrapper over :mod:`diffill.model.train` (same flags as
         --shift-logits --fim-ratio 0.7 --d-model 192 --layers 6 --heads 4 --kv-heads 2 \\
         --ffn 512 --batch-tokens 4096 --lr 2e-3 --warmup 100 --max-time-min 72
 
+then further diffusion runs ``--init-from`` the previous model (the shipped one's last run
+added ``--fim-ratio 0.8 --p-copy-line 0.4``; commands and figures in BENCHMARKS.md).
+
 ``diffill train --micro OUT`` builds the tiny test model (its own BPE, a few
 hundred steps) used by the test-suite and the editor end-to-end checks.
 
