@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .context import FimContext
+from .options import default_latency_budget_ms
 
 CancelFn = Callable[[], bool]
 DEBUG_DELAY_ENV = "DIFFILL_DEBUG_STEP_DELAY_MS"
@@ -242,8 +243,6 @@ class LocalBackend:
     def budget_ms(self, requested: float | None = None) -> float:
         """The latency budget in force: the request's, else the backend's, else the device's
         default (:data:`~.options.DEFAULT_LATENCY_BUDGET_MS`)."""
-        from .options import default_latency_budget_ms
-
         if requested is not None:
             return float(requested)
         if self.latency_budget_ms is not None:

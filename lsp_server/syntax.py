@@ -40,6 +40,7 @@ import ast
 import functools
 import re
 import warnings
+from itertools import accumulate
 
 MAX_CHARS = 300_000
 PYTHON_IDS = ("python",)
@@ -138,16 +139,18 @@ def _is_code(line: str) -> bool:
     return bool(s) and not s.startswith("#")
 
 
+def _closes(line: str) -> bool:
+    """A code line that starts with a closing bracket (it continues a statement above)."""
+    return line.lstrip(" \t")[0] in ")]}"
+
+
 def _starts_at(line: str, col: int) -> bool:
     """Whether ``line`` can start a statement of a block at column ``col``: code indented
     exactly ``col``, not a closing bracket, not the ``else``/``elif``/``except``/``finally``
     of the statement before."""
-    if not _is_code(line) or _indent(line) != col:
+    if not _is_code(line) or _indent(line) != col or _closes(line):
         return False
-    s = line.lstrip(" \t")
-    if s[0] in ")]}":
-        return False
-    m = _WORD.match(s)
+    m = _WORD.match(line.lstrip(" \t"))
     return not (m and m.group() in _CONTINUES)
 
 
@@ -158,7 +161,7 @@ def _ends_before(line: str, col: int) -> bool:
     if not _is_code(line):
         return False
     if _indent(line) < col:
-        return line.lstrip(" \t")[0] not in ")]}"
+        return not _closes(line)
     return _starts_at(line, col)
 
 
@@ -168,9 +171,7 @@ class _Lines:
     def __init__(self, text: str) -> None:
         self.text = text
         self.lines = text.split("\n")
-        self.starts = [0]
-        for ln in self.lines[:-1]:
-            self.starts.append(self.starts[-1] + len(ln) + 1)
+        self.starts = [0, *accumulate(len(ln) + 1 for ln in self.lines[:-1])]
 
     def line_of(self, offset: int) -> int:
         return self.text.count("\n", 0, offset)
@@ -226,7 +227,7 @@ class _Lines:
         while k >= 0:
             ln = self.lines[k]
             if _is_code(ln):
-                if _indent(ln) < col and ln.lstrip(" \t")[0] not in ")]}":
+                if _indent(ln) < col and not _closes(ln):
                     return i  # the block's header: no sibling above
                 if _starts_at(ln, col):
                     return self.statement_start(k, col)

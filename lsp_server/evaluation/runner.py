@@ -62,14 +62,16 @@ def text_metrics(
     targets = [t.editor_view().target for t in tasks]
     ins = [o.insert for o in outputs]
     lat = [o.latency_s for o in outputs if math.isfinite(o.latency_s)]  # nan: scored from a file
+    em = [exact_match(a, b) for a, b in zip(ins, targets, strict=True)]
     split: dict[str, Any] = {}
     for name, flags in (groups or {}).items():
-        hits = [exact_match(a, b) for a, b, f in zip(ins, targets, flags, strict=True) if f]
+        hits = [e for e, f in zip(em, flags, strict=True) if f]
         split[f"{name}_tasks"] = len(hits)
         split[f"exact_match_{name}"] = mean(hits) if hits else None
-    return {**split,
+    return {
+        **split,
         "tasks": len(tasks),
-        "exact_match": mean([exact_match(a, b) for a, b in zip(ins, targets, strict=True)]),
+        "exact_match": mean(em),
         "exact_match_ws": mean([exact_match_ws(a, b) for a, b in zip(ins, targets, strict=True)]),
         "edit_similarity": mean([edit_similarity(a, b) for a, b in zip(ins, targets, strict=True)]),
         "empty_outputs": sum(1 for x in ins if not x.strip()),
