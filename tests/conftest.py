@@ -1,16 +1,26 @@
 """Shared fixtures.
 
+``scripted_model_dir`` (session scope): a real diffill checkpoint folder (config.json,
+model.safetensors, the shipped tokenizer.json) whose weights are written by
+``tests/fixtures/scripted_model.py`` so that it answers the prompts of its ``RULES``
+with fixed middles and leaves every other hole empty, with margins no CPU's floating
+point can overturn. Every test that checks what is done with a suggestion (editors,
+items, HTTP, scheduler, soak, ...) runs it and states the completion it expects. Built
+in about a second; treat the folder as read-only.
+
 ``micro_model_dir`` (session scope): a real diffill checkpoint folder
 (config.json, model.safetensors, tokenizer.json) of a micro model trained on the
 committed micro corpus (``tests/fixtures/micro_corpus.py``) with its own tiny
-BPE. It memorises that corpus well enough to fill its lines back in exactly
-(see ``tests/unit/test_learning.py``). Treat the folder as read-only.
+BPE. It memorises that corpus well enough to fill most of its lines back in exactly;
+``tests/unit/test_learning.py`` checks that, with a tolerance for what differs between
+machines. Nothing else may assert on what it writes. Treat the folder as read-only.
 
-Building it takes about a minute of one CPU core, so the result is cached
+Training it takes one to several minutes of one CPU core, so the result is cached
 across sessions under ``$DIFFILL_TEST_CACHE`` (default
 ``<system tmp>/diffill-test-cache``) in a folder named after a hash of
-everything that determines it (corpus, training/data/model code, torch
-version). ``DIFFILL_TEST_CACHE=off`` disables that cache (the model is then
+everything that determines it (corpus, training/data/model code, torch and numpy
+versions, the ATen CPU kernel level and the CPU model, the thread count).
+``DIFFILL_TEST_CACHE=off`` disables that cache (the model is then
 built once per session under pytest's tmp dir). Concurrent sessions are safe:
 each builds in its own temporary folder and renames it into place atomically.
 
@@ -22,23 +32,43 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MICRO_CORPUS = ROOT / "tests" / "fixtures" / "micro_corpus.py"
+FIXTURES = ROOT / "tests" / "fixtures"
+MICRO_CORPUS = FIXTURES / "micro_corpus.py"
 _KEY_FILES = ("model/train.py", "model/data.py", "model/transformer.py", "model/config.py",
               "model/attention.py")
+MICRO_THREADS = 1  # training threads: part of what determines the micro model
+
+sys.path.insert(0, str(FIXTURES))  # scripted_model, for the fixture and the tests that check it
 
 
 def micro_corpus_text() -> str:
     return MICRO_CORPUS.read_text()
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _micro_key() -> str:
+    """Hash of what decides the trained weights: training floating point differs between
+    ATen kernel levels (AVX-512 / AVX2 / default), CPU models and thread counts."""
+    import numpy
     import tokenizers
     import torch
 
@@ -48,8 +78,10 @@ def _micro_key() -> str:
         p = ROOT / rel
         h.update(rel.encode())
         h.update(p.read_bytes() if p.is_file() else b"")
-    h.update(torch.__version__.encode())
-    h.update(tokenizers.__version__.encode())
+    for part in (torch.__version__, tokenizers.__version__, numpy.__version__,
+                 torch.backends.cpu.get_cpu_capability(), cpu_model(), platform.machine(),
+                 f"threads={MICRO_THREADS}"):
+        h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -64,7 +96,7 @@ def build_micro_model(cache_root: Path) -> Path:
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="building-", dir=cache_root))
     try:
-        train_micro_model(tmp, micro_corpus_text(), threads=1)
+        train_micro_model(tmp, micro_corpus_text(), threads=MICRO_THREADS)
         try:
             tmp.rename(final)
         except OSError:  # another session finished first: use theirs
@@ -91,3 +123,11 @@ def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     else:
         root = Path(setting) if setting else Path(tempfile.gettempdir()) / "diffill-test-cache"
     return build_micro_model(root)
+
+
+@pytest.fixture(scope="session")
+def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The scripted checkpoint folder (read-only; answers: ``scripted_model.RULES``)."""
+    from scripted_model import build_scripted_model
+
+    return build_scripted_model(tmp_path_factory.mktemp("scripted-model"))
