@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -37,14 +36,9 @@ SMALL = "def add_numbers(a, b):\n    total = a + b\n    return total\n"
 
 
 @pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
+def model_dir(scripted_model_dir: Path) -> Path:
+    """The scripted checkpoint (tests/fixtures/scripted_model.py): its answers are certain."""
+    return Path(scripted_model_dir)
 
 
 def start(model_dir: Path, tmp: Path, *, extra_env: dict[str, str] | None = None) -> RawClient:

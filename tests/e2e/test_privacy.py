@@ -15,7 +15,6 @@ unless a debug option says so.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
@@ -48,14 +47,9 @@ OPTIONS = {"diffill": {"steps": 2, "maxTokens": 8, "numCandidates": 2}}
 
 
 @pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
+def model_dir(scripted_model_dir: Path) -> Path:
+    """The scripted checkpoint (tests/fixtures/scripted_model.py): its answers are certain."""
+    return Path(scripted_model_dir)
 
 
 def guarded(args: list[str], tmp: Path) -> tuple[RawClient, Path]:

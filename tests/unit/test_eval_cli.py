@@ -18,23 +18,13 @@ from diffill.lsp_server.evaluation.tasks import (
     write_tasks,
 )
 
-try:
-    from ._checkpoints import write_diffill_checkpoint
-except ImportError:  # tests/unit is not a package
-    from _checkpoints import write_diffill_checkpoint
-
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 @pytest.fixture()
-def model_dir(request, tmp_path_factory) -> Path:
-    """The trained micro model when the fixture exists, else a random tiny checkpoint."""
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        folder = tmp_path_factory.mktemp("random_ckpt")
-        write_diffill_checkpoint(folder)
-        return folder
+def model_dir(scripted_model_dir) -> Path:
+    """A real checkpoint (the scripted one: the harness is under test, not the model)."""
+    return Path(scripted_model_dir)
 
 
 @pytest.fixture()
@@ -105,7 +95,7 @@ def test_samples_only_generates_without_executing(tmp_path, capsys, model_dir):
     assert len(read_samples(out / "samples_model.jsonl")) == 2
     results = json.loads((out / "results.json").read_text())
     assert "humaneval" not in results
-    assert results["settings"]["model"]["block"] is None  # the micro checkpoint names no block
+    assert results["settings"]["model"]["block"] is None  # the scripted checkpoint names no block
     rc, _, stderr = run_cli(
         capsys, "eval", "--model", str(model_dir), "--limit", "2", "--steps", "2", "--samples-only",
         "--no-baseline", "--block", "1", "--out", str(out), "--no-progress",
