@@ -221,6 +221,13 @@ async def test_completion_item_shape(client: LanguageClient):
     assert item.insert_text_format == types.InsertTextFormat.PlainText
     assert item.kind == types.CompletionItemKind.Text
     assert item.sort_text == "0000" and item.preselect
+    # asked again at the same spot (Neovim's menu after a plain request): the same answer,
+    # from the typed-ahead cache although the run asked for 3 candidates found 1
+    before = await status(client)
+    again = await completion(client, uri, pos)
+    st = await status(client)
+    assert [i.text_edit.new_text for i in again.items] == ["total"]
+    assert st.model_calls == before.model_calls and st.cache_hits == before.cache_hits + 1
 
 
 async def test_positions_with_emoji_in_each_encoding(client: LanguageClient):

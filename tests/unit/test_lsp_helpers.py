@@ -123,6 +123,26 @@ def test_typeahead_cache_hits_and_misses():
     assert c.lookup("u", 3, "    x = ", "") is None
 
 
+def test_asking_again_at_the_same_spot_is_answered_from_the_cache():
+    """A run asked for 3 candidates that found 1 is not repeated for the same question (it
+    would find the same one, or with a step count from measured timings, another)."""
+    from diffill.lsp_server.server import DiffillServer, Prepared
+
+    srv = DiffillServer()
+    line = "    x = "
+    prep = Prepared(uri="u", version=1, row=3, col=len(line), line=line, text=line, offset=len(line),
+                    line_prefix=line, line_suffix="", start=len(line), end=len(line), lead="",
+                    language="python", path=None)
+    assert srv.cached(prep, 1) is None
+    srv.cache.store("u", 3, line, "", [Suggestion("foo(bar)", 1.0)], asked=3)
+    assert [s.text for s in srv.cached(prep, 3)] == ["foo(bar)"]
+    assert [s.text for s in srv.cached(prep, 1)] == ["foo(bar)"]
+    assert srv.cached(prep, 4) is None  # more than that run was asked for: run the model
+    srv.cache.store("u", 3, line, "", [Suggestion("foo(bar)", 1.0)], asked=1)
+    assert srv.cached(prep, 3) is None  # an automatic answer (1 candidate) for an invoked request
+    assert srv.cache.asked("u") == 1 and srv.cache.asked("other") == 0
+
+
 # -- scheduler --------------------------------------------------------------------------------
 
 async def test_scheduler_runs_off_loop_and_supersedes():
