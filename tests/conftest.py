@@ -24,8 +24,8 @@ versions, the ATen CPU kernel level and the CPU model, the thread count).
 built once per session under pytest's tmp dir). Concurrent sessions are safe:
 each builds in its own temporary folder and renames it into place atomically.
 
-Outside pytest (editor end-to-end scripts, CI) the same model comes from
-``python -m diffill.model.train --micro OUT`` (checkpoint in ``OUT/model``).
+Outside pytest the same models come from ``python tests/fixtures/scripted_model.py OUT``
+and ``python -m diffill.model.train --micro OUT`` (checkpoint in ``OUT/model``).
 """
 
 from __future__ import annotations
