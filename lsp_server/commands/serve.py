@@ -19,9 +19,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "client's initializationOptions / workspace settings (under \"diffill\") override them."
         ),
         epilog=(
-            "Test hook: the environment variable DIFFILL_DEBUG_STEP_DELAY_MS=N makes the local "
+            "Test hooks: the environment variable DIFFILL_DEBUG_STEP_DELAY_MS=N makes the local "
             "backend sleep N ms at every per-step cancel check, so tests get deterministic "
-            "slowness for cancellation; never set it in normal use."
+            "slowness for cancellation; DIFFILL_DEBUG_LOAD_DELAY_MS=N makes every model load "
+            "wait N ms first, so tests can act while the model loads. Never set them in normal use."
         ),
     )
     p.add_argument("--model", default=None, metavar="DIR",
