@@ -43,9 +43,10 @@ closed stream. A write that fails (closed file, broken pipe) logs one line and s
 read loop too.
 
 Error answers to requests (a handler raised) are logged here, in one place
-(:meth:`DiffillProtocol._send_handler_result`): one WARNING line per expected error
-(InvalidParams, RequestCancelled, ...), one ERROR line for an internal error; the
-traceback only when DEBUG is enabled (``diffill serve --debug``).
+(:meth:`DiffillProtocol._send_handler_result`): one WARNING line for an error the
+handler chose (InvalidParams, ...), one ERROR line for an internal error; the traceback
+only when DEBUG is enabled (``diffill serve --debug``). RequestCancelled answers (latest
+wins, ``$/cancelRequest``, shutdown) are routine and not logged.
 
 Nothing here logs message contents (they hold buffer text).
 """
@@ -309,7 +310,7 @@ class DiffillProtocol(LanguageServerProtocol):
         if method == types.EXIT:
             self.handle_exit()
             return
-        if (not self.initialize_seen or self._shutdown):
+        if not self.initialize_seen or self._shutdown:
             log.info("dropped notification %s (%s)", method,
                      "before initialize" if not self.initialize_seen else "after shutdown")
             return

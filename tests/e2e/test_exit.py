@@ -103,8 +103,9 @@ def test_end_of_input_while_the_model_loads(tmp_path: Path):
 
 
 def test_shutdown_during_a_running_completion(tmp_path: Path):
-    # the shipped model, every diffusion step held 400 ms: 8 steps take over 3 s
-    c = start(tmp_path, env={"DIFFILL_DEBUG_STEP_DELAY_MS": "400"})
+    # the shipped model, every diffusion step held 1.5 s: even one step outlasts the test's
+    # 0.3 s wait, whatever the machine
+    c = start(tmp_path, env={"DIFFILL_DEBUG_STEP_DELAY_MS": "1500"})
     c.initialize({"diffill": {"steps": 8, "maxTokens": 8, "numCandidates": 1}})
     st = c.wait_loaded()
     assert st["loaded"], st
