@@ -19,9 +19,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "client's initializationOptions / workspace settings (under \"diffill\") override them."
         ),
         epilog=(
-            "Test hook: the environment variable DIFFILL_DEBUG_STEP_DELAY_MS=N makes the local "
+            "Test hooks: the environment variable DIFFILL_DEBUG_STEP_DELAY_MS=N makes the local "
             "backend sleep N ms at every per-step cancel check, so tests get deterministic "
-            "slowness for cancellation; never set it in normal use."
+            "slowness for cancellation; DIFFILL_DEBUG_LOAD_DELAY_MS=N makes every model load "
+            "wait N ms first, so tests can act while the model loads. Never set them in normal use."
         ),
     )
     p.add_argument("--model", default=None, metavar="DIR",
@@ -33,9 +34,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="use stdin/stdout (the default; accepted because many clients pass it)")
     p.add_argument("--log-file", default=None, help="write logs here (default: stderr)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="log level (default info); buffer contents are redacted at every level ...")
+                   help="log level (default info); buffer contents are redacted at every level; "
+                        "a request answered with an error logs one WARNING line (ERROR for an "
+                        "internal error), its traceback only at debug")
+    p.add_argument("--debug", action="store_true",
+                   help="the same as --log-level debug: pygls's own records and the traceback "
+                        "of every error answer too (buffer contents still redacted)")
     p.add_argument("--debug-log-buffers", action="store_true",
-                   help="log DEBUG details including buffer contents (off by default)")
+                   help="--debug plus buffer contents (prefix/suffix, suggestions) in the log; "
+                        "off by default, never in normal use")
     return p
 
 
@@ -71,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"diffill serve: {e}", file=sys.stderr)
             return 2
-    setup_logging(args.log_file, args.debug_log_buffers, args.log_level)
+    setup_logging(args.log_file, args.debug_log_buffers, "debug" if args.debug else args.log_level)
     server = create_server(defaults, debug_log_buffers=args.debug_log_buffers)
     if hostport is not None:
         server.start_tcp(*hostport)
