@@ -15,8 +15,10 @@ Endpoints
     (``id``, ``object="text_completion"``, ``created``, ``model``, ``choices``
     [``text``, ``index``, ``finish_reason``, ``logprobs: null``], ``usage``) plus a
     ``diffill`` object: ``steps`` (refinement steps each prompt's middle took),
-    ``steps_from`` (``"request"``, ``"server"`` = ``--steps``, or ``"latency_budget"``)
-    and ``latency_budget_ms`` / ``max_steps`` (what a budget-chosen count was bounded by).
+    ``steps_planned`` (the step count the sampler ran with, when the request or
+    ``--steps`` set it), ``steps_from`` (``"request"``, ``"server"`` = ``--steps``, or
+    ``"latency_budget"``) and ``latency_budget_ms`` / ``max_steps`` (what a
+    budget-chosen count was bounded by).
 ``GET /v1/models`` and ``GET /v1/models/{model}``
     The served model (``--served-model-name``, default the checkpoint folder's
     name, plus the alias ``diffill``); an unknown id is a 404 ``model_not_found``.
@@ -701,8 +703,10 @@ class HttpFront:
         return resp
 
     def step_report(self, req: CompletionRequest, steps: list[int]) -> dict[str, Any]:
-        """The ``diffill`` object of an answer: the steps each prompt's middle took and
-        what chose them."""
+        """The ``diffill`` object of an answer: ``steps``, the refinement steps each
+        prompt's middle took (the model may finish a short middle in fewer than planned);
+        ``steps_planned``, the count the sampler ran with (the request's or ``--steps``;
+        None when the backend's latency-budget policy chose it); what chose them."""
         if req.steps is not None:
             source = "request"
         elif self.options.steps is not None:
@@ -714,7 +718,9 @@ class HttpFront:
             budget = getattr(self.backend, "budget_ms", None)
             budget_ms = budget(self.options.latency_budget_ms) if callable(budget) else \
                 self.options.latency_budget_ms
-        return {"steps": steps, "steps_from": source, "latency_budget_ms": budget_ms,
+        planned = req.steps if req.steps is not None else self.options.steps
+        return {"steps": steps, "steps_planned": planned, "steps_from": source,
+                "latency_budget_ms": budget_ms,
                 "max_steps": self.options.max_steps if source == "latency_budget" else None}
 
     async def models(self, request: web.Request) -> web.StreamResponse:
