@@ -76,6 +76,10 @@ Serving discipline
   query values are redacted, header values never logged, prompts and completions
   only with ``debug_log_buffers``. ``X-Request-Id`` is echoed back (generated when
   absent or not a short printable string).
+
+Test hook: ``DIFFILL_DEBUG_LOAD_GATE=<path>`` holds the model load (``/health`` says
+``loading``) until that file exists, so load-balancer tests control how long a replica
+stays out. Never set it in normal use.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ import hashlib
 import hmac
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -113,6 +118,7 @@ access_log = logging.getLogger("diffill.http.access")
 DEFAULT_MAX_TOKENS = 16
 MAX_STOP = 4
 RETRYABLE_HINT_S = 1
+LOAD_GATE_ENV = "DIFFILL_DEBUG_LOAD_GATE"
 NO_HEALING_HEADER = "X-Diffill-Token-Healing"
 """``X-Diffill-Token-Healing: 0`` turns server-side token healing off for a request
 (sent by diffill's own ``openai`` backend, whose language server heals already)."""
@@ -435,7 +441,11 @@ class HttpFront:
         t0 = time.perf_counter()
         loader = self.loader
 
+        gate = os.environ.get(LOAD_GATE_ENV)
+
         def work() -> Backend:
+            while gate and not os.path.exists(gate):  # test hook (module doc)
+                time.sleep(0.05)
             backend = loader()
             warm = getattr(backend, "warmup", None)
             if warm is not None:
