@@ -292,14 +292,15 @@ def request_id(request: web.BaseRequest) -> str:
 class AccessLog(AbstractAccessLogger):
     """One line per request: peer, method, redacted target, status, size, time,
     request id and the response's note (the error or what the completion took).
-    5xx at ERROR, health checks at DEBUG, the rest at INFO."""
+    Health checks at DEBUG (also their 503 while loading), other 5xx at ERROR, the rest
+    at INFO."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         status = response.status
-        if status >= 500:
-            level = logging.ERROR
-        elif request.path in HEALTH_PATHS:
+        if request.path in HEALTH_PATHS:  # load-balancer probes, 503 while loading
             level = logging.DEBUG
+        elif status >= 500:
+            level = logging.ERROR
         else:
             level = logging.INFO
         if not self.logger.isEnabledFor(level):

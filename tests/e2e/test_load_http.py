@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -200,3 +201,48 @@ def test_language_server_over_serve_http(team_server: str, model_dir: Path, tmp_
     assert got == want
     assert st["model_requests"] == len(docs) and st["errors"] == 0
     assert TOKEN not in json.dumps(st) and TOKEN not in log.read_text()
+
+
+def test_log_file_never_holds_the_token_and_errors_are_one_line(model_dir: Path, tmp_path: Path):
+    """The real CLI's log (--log-file): hostile requests from outside, each one line, no
+    traceback, no token -- whether it came as a query parameter, in a header with a
+    control character, or as a non-UTF-8 Authorization value."""
+    log = tmp_path / "serve-http.log"
+    proc, base = start_http(model_dir, tmp_path, "--token-env", TOKEN_ENV, "--log-file", str(log),
+                            env={TOKEN_ENV: TOKEN})
+    port = int(base.rsplit(":", 1)[1])
+    sent = [
+        f"GET /v1/models?api_key={TOKEN} HTTP/1.1\r\nHost: t\r\n\r\n".encode(),
+        f"GET /v1/models?token={TOKEN}&x=1 HTTP/1.1\r\nHost: t\r\n\r\n".encode(),
+        f"GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {TOKEN}\x01\r\n\r\n".encode(),
+        b"GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + TOKEN.encode()
+        + b"\xff\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + TOKEN.encode()
+        + b"\r\nContent-Encoding: gzip\r\nContent-Length: 8\r\n\r\nnot-gzip",
+        b"OPTIONS /v1/completions HTTP/1.1\r\nHost: t\r\nOrigin: http://x\r\n\r\n",
+    ]
+    try:
+        answers = []
+        for data in sent:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(data)
+                out = b""
+                while chunk := s.recv(65536):  # one response, then the connection is kept
+                    out += chunk
+                    head, sep, body = out.partition(b"\r\n\r\n")
+                    m = re.search(rb"(?i)content-length: *(\d+)", head)
+                    if sep and m and len(body) >= int(m.group(1)):
+                        break
+                answers.append(out)
+        time.sleep(0.3)
+    finally:
+        stop(proc)
+    statuses = [int(a.split(b" ", 2)[1]) for a in answers]
+    assert statuses == [401, 401, 400, 401, 400, 405]
+    assert all(b"application/json" in a for a in answers)
+    text = log.read_text(errors="replace")
+    assert TOKEN not in text and TOKEN[3:-3] not in text
+    assert "Traceback" not in text
+    access = [ln for ln in text.splitlines() if "diffill.http.access" in ln]
+    assert len(access) == len(sent), access  # one line per request
+    assert sum("<redacted>" in ln for ln in access) == 2
