@@ -229,6 +229,7 @@ class LocalBackend:
             "backend": self.name,
             "model": str(getattr(lm, "path", "")),
             "family": getattr(cfg, "family", None),
+            "recipe": getattr(getattr(cfg, "recipe", None), "name", None),
             "device": str(self.engine.device),
             "dtype": str(self.engine.dtype).replace("torch.", ""),
             "ms_per_step": self.timer.ms_per_step,
