@@ -328,7 +328,6 @@ class DiffillDialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             decode_block=self.decode_block,
             architectures=list(self.architectures),
             torch_dtype=self.torch_dtype,
-            model_type="diffill",
         )
 
     @classmethod

@@ -395,7 +395,7 @@ def _check_special_ids(cfg: ModelConfig, tok: Tokenizer, source: Path) -> ModelC
 def _apply_recipe(cfg: ModelConfig, tok: Tokenizer, override: str | None) -> ModelConfig:
     """Choose the family recipe for this checkpoint (or the one named) and resolve it."""
     facts = CheckpointFacts(
-        model_type=cfg.model_type,
+        model_type=cfg.model_type or cfg.family,
         architectures=tuple(cfg.architectures),
         added_tokens=tok.added_tokens,
         has_mask=cfg.mask_token_id is not None,

@@ -232,9 +232,10 @@ _RULES: tuple[tuple[str, Callable[[CheckpointFacts], bool], str], ...] = (
     ("diffucoder-instruct", lambda f: _is_dream(f) and "<|dlm_pad|>" in f.added_tokens,
      "a Dream checkpoint whose tokenizer carries <|dlm_pad|> (DiffuCoder Instruct / cpGRPO)"),
     ("dream", _is_dream, "model_type Dream / DreamModel"),
-    ("llada", lambda f: f.model_type.startswith("llada") or any(a.startswith("LLaDA")
-                                                               for a in f.architectures),
-     "model_type / architecture LLaDA"),
+    ("llada", lambda f: (f.model_type.startswith("llada")
+                         or any(a.startswith("LLaDA") for a in f.architectures))
+     and {"<|startoftext|>", "<|endoftext|>"} <= f.added_tokens,
+     "model_type / architecture LLaDA with LLaDA's tokenizer"),
     ("coda", lambda f: "CoDALanguageModel" in f.architectures or f.model_type == "coda"
      or (f.model_type == "qwen3" and f.has_mask and _qwen_vocab(f)),
      "CoDA (CoDALanguageModel, or a Qwen3-vocabulary checkpoint with a mask token)"),
