@@ -32,7 +32,8 @@ def test_every_row_cites_where_it_was_read():
     (facts("qwen2", ["Qwen2ForCausalLM"], {"<|bos|>"}), "generic"),  # not a Qwen vocabulary
     (facts("coda", ["CoDALanguageModel"], QWEN), "coda"),
     (facts("qwen3", ["Qwen3ForCausalLM"], QWEN), "coda"),
-    (facts("llada", ["LLaDAModelLM"]), "llada"),
+    (facts("llada", ["LLaDAModelLM"], {"<|startoftext|>", "<|endoftext|>", "<|eot_id|>"}), "llada"),
+    (facts("llada", ["LLaDAModelLM"], {"<|bos|>"}), "generic"),  # not LLaDA's tokenizer
     (facts("diffill"), "diffill"),
     (facts("llama", ["LlamaForCausalLM"]), "generic"),
 ])
