@@ -56,7 +56,7 @@ STATUS_METHOD = "diffill/status"
 TRIGGER_CHARACTERS = [".", "(", "[", "{", ","]
 EXTRA_SNIPPET_LINES = 12
 EXTRA_MAX_DOCS = 3
-RELOAD_FIELDS = ("backend", "model_path", "device", "max_steps", "remote_url", "remote_model",
+RELOAD_FIELDS = ("backend", "model_path", "recipe", "device", "max_steps", "remote_url", "remote_model",
                  "api_key_env", "remote_timeout_ms", "remote_retries")
 """Options whose change means building the backend again."""
 LOAD_DELAY_ENV = "DIFFILL_DEBUG_LOAD_DELAY_MS"

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from . import add_threads_option, check_threads, threads_to_env
+from . import add_recipe_option, add_threads_option, check_threads, threads_to_env
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -25,9 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "wait N ms first, so tests can act while the model loads. Never set them in normal use."
         ),
     )
-    p.add_argument("--model", default=None, metavar="DIR",
-                   help="checkpoint folder (default: the shipped default model)")
+    p.add_argument("--model", default=None, metavar="DIR|NAME",
+                   help="checkpoint folder or pulled checkpoint name (default: the shipped model)")
     p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1, auto")
+    add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--tcp", default=None, metavar="HOST:PORT", help="listen on TCP instead of stdio")
     p.add_argument("--stdio", action="store_true",
@@ -62,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raw["modelPath"] = args.model
     if args.device is not None:
         raw["device"] = args.device
+    if args.recipe is not None:
+        raw["recipe"] = args.recipe
     defaults, errors = merge_options(CompletionOptions(), raw)
     if errors:
         print("diffill serve: " + "; ".join(errors), file=sys.stderr)
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill serve: {err}", file=sys.stderr)
         return 2
     threads_to_env(args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
     hostport = None
     if args.tcp:
         try:

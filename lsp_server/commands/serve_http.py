@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import add_threads_option, check_threads, threads_to_env
+from . import add_recipe_option, add_threads_option, check_threads, threads_to_env
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="checkpoint folder (default: the shipped default model)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto")
+    add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
@@ -138,11 +139,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill serve-http: {err}", file=sys.stderr)
         return 2
     threads_to_env(args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
     from ..backends import load_local_backend
     from ..http_server import HttpConfig, HttpFront, serve
     from ..options import CompletionOptions, merge_options
 
     raw: dict[str, object] = {"modelPath": args.model, "device": args.device}
+    if args.recipe is not None:
+        raw["recipe"] = args.recipe
     for flag, wire in (("steps", "steps"), ("latency_budget_ms", "latencyBudgetMs"),
                        ("context_tokens", "contextTokens")):
         if getattr(args, flag) is not None:
