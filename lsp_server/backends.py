@@ -229,6 +229,7 @@ class LocalBackend:
             "backend": self.name,
             "model": str(getattr(lm, "path", "")),
             "family": getattr(cfg, "family", None),
+            "recipe": getattr(getattr(cfg, "recipe", None), "name", None),
             "device": str(self.engine.device),
             "dtype": str(self.engine.dtype).replace("torch.", ""),
             "ms_per_step": self.timer.ms_per_step,
@@ -300,10 +301,13 @@ class LocalBackend:
 
 
 def load_local_backend(
-    model_path: str | None, device: str = "cpu", *, max_steps: int = 16, options: Any = None, **_: Any
+    model_path: str | None, device: str = "cpu", *, max_steps: int = 16, options: Any = None,
+    recipe: str | None = None, **_: Any
 ) -> LocalBackend:
-    """Load a checkpoint (None = the shipped default model) into a :class:`LocalBackend`.
-    ``options`` (CompletionOptions) supplies the latency budget for the step plan."""
+    """Load a checkpoint (None = the shipped default model; a folder or the name of a
+    pulled checkpoint) into a :class:`LocalBackend`. ``options`` (CompletionOptions)
+    supplies the latency budget for the step plan and the ``recipe`` override
+    (``recipe`` given here wins)."""
     from diffill.model import load_model
     from diffill.model.engine import Engine
 
@@ -311,7 +315,8 @@ def load_local_backend(
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    lm = load_model(model_path, device=device)
+    lm = load_model(model_path, device=device,
+                    recipe=recipe if recipe is not None else getattr(options, "recipe", None))
     budget = getattr(options, "latency_budget_ms", None)
     return LocalBackend(Engine(lm), max_steps=max_steps, latency_budget_ms=budget)
 

@@ -47,6 +47,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("train", "train", (),
             "train diffill's own masked-diffusion model on a pre-tokenised corpus"),
     Command("corpus", "corpus", (), "build the permissively licensed Python corpus"),
+    Command("pull", "pull", (), "download a published checkpoint (the only command that goes online)"),
 )
 
 

@@ -29,7 +29,10 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   shape bucket to fit ``latency_budget_ms``.
 
 With the defaults (batching on, everything else off) a request's result is
-the same as :func:`diffill.model.sampler.infill` on its own.
+the same as :func:`diffill.model.sampler.infill` on its own. A checkpoint whose recipe
+carries DreamOn's ``<|expand|>`` / ``<|delete|>`` tokens is decoded by
+:func:`diffill.model.dreamon.infill_dreamon` instead (the hole grows and shrinks; the
+candidate lengths are its starting lengths), chosen in :meth:`Engine._decode`.
 
 Candidate hole lengths. When the caller gives none, ``max_tokens`` is turned
 into ``(max_tokens // 4, max_tokens // 2, max_tokens)`` (values < 1 dropped,
@@ -58,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .cache import DualCache
+from .dreamon import infill_dreamon, length_control_ids
 from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, pad_canvas
 from .runtime import ensure_cpu_threads
 from .sampler import (
@@ -345,7 +349,7 @@ class Engine:
     def _run_slots(self, group: list[_Slot]) -> None:
         """Run one batch (device lock held) and hand each slot its outcome."""
         try:
-            results = self._run([s.req for s in group])
+            results = self._decode([s.req for s in group])
             for s, r in zip(group, results, strict=True):
                 if isinstance(r, BaseException):
                     s.error = r
@@ -360,6 +364,21 @@ class Engine:
                 self._max_batch = max(self._max_batch, len(group))
             for s in group:
                 s.done.set()
+
+    def _decode(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
+        """The one place that picks the decoding: DreamOn's expand/delete length control
+        (:mod:`.dreamon`) when the checkpoint's recipe carries those tokens, else the
+        batched fixed-canvas loop (:meth:`_run`)."""
+        if length_control_ids(self.config) is None:
+            return self._run(batch)
+        out: list[list[Infill] | BaseException] = []
+        for r in batch:
+            try:
+                out.append(infill_dreamon(self.model, self.config, r.prefix_ids, r.suffix_ids,
+                                          r.sampler, r.cancel))
+            except InfillCancelled as e:
+                out.append(e)
+        return out
 
     # -- the batched denoising loop -----------------------------------------------------------
     def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:

@@ -222,8 +222,10 @@ def time_ms(fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 
 
 def synthetic_request(cfg: Any, ctx: int, seed: int = 0) -> tuple[list[int], list[int]]:
     """Prefix and suffix ids (random ordinary tokens) whose canvas context is ``ctx`` tokens."""
+    from .sampler import canvas_end, canvas_start
+
     specials = {cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id}
-    n = max(0, ctx - (cfg.bos_token_id is not None) - (cfg.eos_token_id is not None))
+    n = max(0, ctx - len(canvas_start(cfg, 1)) - len(canvas_end(cfg)))
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
     ok = next(i for i in range(cfg.vocab_size) if i not in specials)

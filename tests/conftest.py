@@ -15,7 +15,7 @@ BPE. It memorises that corpus well enough to fill most of its lines back in exac
 ``tests/unit/test_learning.py`` checks that, with a tolerance for what differs between
 machines. Nothing else may assert on what it writes. Treat the folder as read-only.
 
-Training it takes one to several minutes of one CPU core, so the result is cached
+Training it takes minutes (5.5 on a shared 2-core box, 9 on another), so it is cached
 across sessions under ``$DIFFILL_TEST_CACHE`` (default
 ``<system tmp>/diffill-test-cache``) in a folder named after a hash of
 everything that determines it (corpus, training/data/model code, torch and numpy

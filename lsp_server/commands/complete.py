@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from . import add_threads_option, check_threads, configure_threads
+from . import add_recipe_option, add_threads_option, check_threads, configure_threads
 
 MAX_FILE_MB_DEFAULT = 16.0
 
@@ -37,9 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
     p.add_argument("--col", type=int, required=True,
                    help="1-based column of the cursor: the cursor sits before this character")
-    p.add_argument("--model", default=None, metavar="DIR",
-                   help="checkpoint folder (default: the shipped default model)")
+    p.add_argument("--model", default=None, metavar="DIR|NAME",
+                   help="checkpoint folder or pulled checkpoint name (default: the shipped model)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto")
+    add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--max-tokens", type=int, default=None, help="longest middle in tokens (32)")
     p.add_argument("--steps", type=int, default=None,
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     from ..completer import Completer, options_from_kwargs
 
     opts: dict[str, object] = {"model_path": args.model, "device": args.device}
-    for name in ("max_tokens", "steps", "context_tokens", "multiline"):
+    for name in ("max_tokens", "steps", "context_tokens", "multiline", "recipe"):
         v = getattr(args, name)
         if v is not None:
             opts[name] = v
