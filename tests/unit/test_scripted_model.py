@@ -9,7 +9,7 @@ import torch
 from diffill.model import load_model
 from diffill.model.engine import Engine, EngineOptions
 from diffill.model.sampler import SamplerConfig, Strategy, infill
-from scripted_model import RULES, Rule, ScriptError, _tokenizer, compile_rules
+from scripted_model import RULES, Rule, ScriptError, compile_rules, load_shipped_tokenizer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,7 +82,7 @@ def test_margins_leave_no_room_for_rounding(lm):
 
 
 def test_a_script_that_cannot_be_answered_exactly_is_refused():
-    tok = _tokenizer()
+    tok = load_shipped_tokenizer()
     # after "    " the first rule writes "message =", where the second starts: its answer
     # would follow only when those slots happen to be decoded first
     with pytest.raises(ScriptError, match="votes for"):
