@@ -6,11 +6,27 @@ sampler disagree anywhere (special ids, pad placement, logit shift, weight
 names), the model cannot do this.
 
 This is the one place where tests look at what a model trained at test time writes.
-What it learns differs between machines (floating point of the CPU's kernels, thread
-count), so the thresholds sit well below the spread measured over those settings
-(``tests/fixtures/learning_spread.py``; figures in the assertions' comments). Every
-other test runs the scripted checkpoint (``scripted_model_dir``), whose answers are
-certain."""
+What it learns differs between machines (the floating point of the CPU's kernels, the
+thread count), so the thresholds sit well below the spread measured over those settings
+with ``python tests/fixtures/learning_spread.py`` (2026-12-01, 2-core Xeon with AVX-512,
+torch 2.13.0+cpu; ATEN_CPU_CAPABILITY emulates the kernels of other x86-64 CPUs)::
+
+    kernels   threads  seed   exact lines  empty holes   (of 10 each)
+    avx512    1        0      9            9             (twice: before and after a merge)
+    avx512    1        1      10           9
+    avx512    1        2      8            10
+    avx512    2        0      6            10
+    avx2      1        0      10           8
+    avx2      2        0      9            8
+    default   1        0      10           10
+    default   1        1      10           10
+    default   1        2      9            10
+    default   2        0      9            9
+
+Worst seen: 6 exact (also what another machine of this kind got, issue 14), 8 empty. An
+untrained model, or a pipeline that disagrees with itself anywhere, restores none.
+Every other test runs the scripted checkpoint (``scripted_model_dir``), whose answers
+are certain."""
 
 from __future__ import annotations
 
@@ -18,8 +34,8 @@ from diffill.model.sampler import SamplerConfig, infill
 from diffill.model.train import micro_files
 
 CASES = 10
-MIN_EXACT = 5
-MIN_EMPTY = 3
+MIN_EXACT = 3  # worst measured 6 (module doc)
+MIN_EMPTY = 5  # worst measured 8
 
 
 def line_cases(corpus: str, count: int = CASES) -> list[tuple[str, int, int]]:
@@ -69,7 +85,6 @@ def test_micro_model_recovers_masked_lines_exactly(micro_model_dir, micro_corpus
     assert lm.config.family == "diffill"
     results = restored_lines(lm, micro_corpus)
     exact = sum(want == got for want, got in results)
-    # an untrained model restores none; measured spread: see the module doc
     assert exact >= MIN_EXACT, "\n".join(f"{w!r} -> {g!r}" for w, g in results)
 
 
