@@ -30,66 +30,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from .backend_api import Backend, BackendError, CancelFn, Cancelled, Candidate
 from .context import FimContext
 from .options import default_latency_budget_ms
+from .remote import load_remote_backend
 
-CancelFn = Callable[[], bool]
 DEBUG_DELAY_ENV = "DIFFILL_DEBUG_STEP_DELAY_MS"
 DEBUG_FAULT_ENV = "DIFFILL_DEBUG_FAULT"
 _FAULTS: dict[str, type[Exception]] = {"MemoryError": MemoryError, "RuntimeError": RuntimeError}
-
-
-class Cancelled(Exception):
-    """The request was cancelled (superseded, document changed, $/cancelRequest)."""
-
-
-class BackendError(RuntimeError):
-    """A backend could not produce candidates (bad request, remote failure, ...)."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A raw middle (not post-processed) and its ranking score (higher is better)."""
-
-    text: str
-    score: float
-    tokens: int = 0
-    steps: int = 0
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """What the completer needs from a model, local or remote."""
-
-    name: str
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text in the model's tokenizer (context budgets use this)."""
-        ...
-
-    def max_context_tokens(self, max_tokens: int) -> int | None:
-        """Largest prefix + suffix the model accepts with a ``max_tokens`` hole (None: no limit)."""
-        ...
-
-    def infill(
-        self,
-        ctx: FimContext,
-        *,
-        n: int,
-        max_tokens: int,
-        steps: int | None = None,
-        latency_budget_ms: float | None = None,
-        cancel: CancelFn | None = None,
-    ) -> list[Candidate]:
-        """Up to ``n`` candidate middles, best first. Raises :class:`Cancelled`."""
-        ...
-
-    def describe(self) -> dict[str, Any]:
-        """``{"model", "family", "device", ...}`` for status reports."""
-        ...
 
 
 def spread_lengths(max_tokens: int, n: int) -> tuple[int, ...] | None:
@@ -185,7 +135,7 @@ class LocalBackend:
         seed: int | None = None,
     ) -> list[Candidate]:
         """See :class:`Backend`; ``temperature`` > 0 samples (``seed`` makes it repeatable)."""
-        from diffill.model.sampler import InfillCancelled
+        from ..model.sampler import InfillCancelled  # torch: loaded with the model
 
         if steps is None:
             latency_budget_ms = self.budget_ms(latency_budget_ms)
@@ -273,7 +223,7 @@ class LocalBackend:
         plan = self.engine.plan
         if abs(plan.budget_ms - budget_ms) < 1e-9:
             return
-        from diffill.model.plan import plan_from_timings
+        from ..model.plan import plan_from_timings  # torch: as above
 
         thresholds = [c.threshold for c in plan.choices if c.threshold is not None]
         self.engine.plan = plan_from_timings(
@@ -304,27 +254,29 @@ def load_local_backend(
 ) -> LocalBackend:
     """Load a checkpoint (None = the shipped default model) into a :class:`LocalBackend`.
     ``options`` (CompletionOptions) supplies the latency budget for the step plan."""
-    from diffill.model import load_model
-    from diffill.model.engine import Engine
+    from ..model import load_model  # torch: the server imports this module before `initialize`
+    from ..model.engine import Engine  # torch: as above
+    from ..model.runtime import resolve_device  # torch: as above
 
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    lm = load_model(model_path, device=device)
+    lm = load_model(model_path, device=str(resolve_device(device)))
     budget = getattr(options, "latency_budget_ms", None)
     return LocalBackend(Engine(lm), max_steps=max_steps, latency_budget_ms=budget)
 
 
-def load_openai_backend(model_path: str | None = None, device: str = "cpu", **kw: Any) -> Backend:
-    """``backend = "openai"``: see :mod:`diffill.lsp_server.remote`."""
-    from .remote import load_remote_backend
-
-    return load_remote_backend(model_path, device, **kw)
-
-
 BACKENDS: dict[str, Callable[..., Backend]] = {
     "local": load_local_backend,
-    "openai": load_openai_backend,
+    "openai": load_remote_backend,  # see :mod:`.remote`
 }
 """Backend name (options ``backend``) -> factory(model_path, device, *, max_steps, options)."""
+
+
+__all__ = [  # the protocol's names are re-exported: importers of the backends need one module
+    "BACKENDS",
+    "Backend",
+    "BackendError",
+    "CancelFn",
+    "Cancelled",
+    "Candidate",
+    "LocalBackend",
+    "load_local_backend",
+]

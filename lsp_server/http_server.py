@@ -63,6 +63,7 @@ import hmac
 import logging
 import math
 import re
+import signal
 import threading
 import time
 import uuid
@@ -531,8 +532,6 @@ async def serve(front: HttpFront, host: str, port: int,
                  ready: Callable[[str], None] | None = None) -> None:
     """Listen on ``host:port`` until SIGINT/SIGTERM; ``ready(url)`` once bound (port 0
     picks a free port; the URL names the real one). Logs "listening on URL"."""
-    import signal
-
     runner = web.AppRunner(front.make_app(), access_log_format='%a "%r" %s %b %Tf')
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -27,11 +27,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from diffill import __version__
+import msgspec
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
+from .. import __version__
 from . import jsonrpc
 from .backends import BACKENDS, Backend, BackendError
 from .completer import Completer, Suggestion
@@ -419,8 +420,6 @@ class DiffillServer(LanguageServer):
         }
 
     def _options_wire(self) -> dict[str, Any]:
-        import msgspec
-
         return msgspec.to_builtins(self.options)
 
 

@@ -44,13 +44,13 @@ from .sampler import (
     InfillCancelled,
     SamplerConfig,
     SpecialIds,
-    _model_device,
-    _rank,
-    _seed_for,
-    _trim,
     build_canvas,
     candidate_lengths,
     denoise_step,
+    model_device,
+    rank_candidates,
+    seed_for,
+    trim_middle,
 )
 from .transformer import KVContext
 
@@ -180,7 +180,7 @@ def infill_cached(
         bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
         if bad:
             raise ValueError(f"{what} holds token id {bad[0]}, outside the vocabulary [0, {cfg.vocab_size})")
-    device = _model_device(model)
+    device = model_device(model)
     cv = build_canvas(cfg, prefix_ids, suffix_ids, lengths, device)
     L, N = cv.valid.shape
     fwd = DualCache(model, cv, shift=cfg.shift_logits, refresh_every=refresh_every)
@@ -190,7 +190,7 @@ def infill_cached(
     gens: list[torch.Generator] = []
     if sc.temperature > 0:
         seed = sc.seed if sc.seed is not None else secrets.randbits(62)
-        gens = [torch.Generator(device=device).manual_seed(_seed_for(seed, n)) for n in lengths]
+        gens = [torch.Generator(device=device).manual_seed(seed_for(seed, n)) for n in lengths]
     n_loop = sc.steps if sc.threshold is not None else min(sc.steps, N)
     for s in range(n_loop):
         if cancel is not None and cancel():
@@ -212,6 +212,6 @@ def infill_cached(
     steps = state.steps.tolist()
     cands = []
     for r, n in enumerate(lengths):
-        mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
+        mid, score = trim_middle(hole[r][:n], logp[r][:n], sp.terminators)
         cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
-    return _rank(cands, list(range(len(lengths))), dedup)
+    return rank_candidates(cands, list(range(len(lengths))), dedup)

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .cache import DualCache
-from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, pad_canvas
+from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, measure_plan, pad_canvas
 from .runtime import ensure_cpu_threads
 from .sampler import (
     Canvas,
@@ -67,13 +67,13 @@ from .sampler import (
     InfillCancelled,
     SamplerConfig,
     SpecialIds,
-    _rank,
-    _seed_for,
-    _trim,
     build_canvas,
     candidate_lengths,
     canvas_length,
     denoise_step,
+    rank_candidates,
+    seed_for,
+    trim_middle,
 )
 
 if TYPE_CHECKING:  # the loader imports torch-heavy modules; only the type is needed here
@@ -208,8 +208,6 @@ class Engine:
     def measure_plan(self, budget_ms: float = 25.0, **kw: Any) -> StepPlan:
         """Measure the step cost of every shape bucket and keep the resulting plan
         (see :func:`diffill.model.plan.measure_plan`); requests without ``steps`` use it."""
-        from .plan import measure_plan
-
         with self._lock:
             kw.setdefault("refresh_every", self.options.refresh_every)
             self.plan = measure_plan(self.model, self.config, budget_ms=budget_ms,
@@ -386,7 +384,7 @@ class Engine:
             for (lens, _), req in zip(per_req, batch, strict=True):
                 seed = req.sampler.seed if req.sampler.seed is not None else secrets.randbits(62)
                 for n in lens:
-                    gens[r0] = torch.Generator(device=dev).manual_seed(_seed_for(seed, n))
+                    gens[r0] = torch.Generator(device=dev).manual_seed(seed_for(seed, n))
                     r0 += 1
         kw = dict(mask_id=sp.mask, pad_id=sp.pad, terminators=sp.terminators,
                   shift=cfg.shift_logits, strategy=sc.strategy,
@@ -459,9 +457,9 @@ class Engine:
             lens = per_req[i][0]
             cands = []
             for n, r in zip(lens, rows_of[i], strict=True):
-                mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
+                mid, score = trim_middle(hole[r][:n], logp[r][:n], sp.terminators)
                 cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
-            out[i] = _rank(cands, list(range(len(lens))), True)
+            out[i] = rank_candidates(cands, list(range(len(lens))), True)
         return out  # type: ignore[return-value]
 
     def _merge(self, cvs: list[Canvas], pad_id: int, buckets: bool) -> tuple[Canvas, list[int]]:

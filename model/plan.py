@@ -41,6 +41,18 @@ from typing import Any
 import msgspec
 import torch
 
+from .cache import DualCache
+from .sampler import (
+    Canvas,
+    DenoiseState,
+    SamplerConfig,
+    SpecialIds,
+    Strategy,
+    build_canvas,
+    denoise_step,
+    infill,
+)
+
 CTX_BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048)
 HOLE_BUCKETS: tuple[int, ...] = (8, 16, 32, 64)
 DEFAULT_BUDGET_MS = 25.0
@@ -171,8 +183,6 @@ def pad_canvas(cv: Any, pad_id: int, T: int, N: int | None = None, L: int | None
     sit on fresh padding columns, so ``T`` must leave room: ``T >= T0 + (N - N0)``.
     New rows hold one real token (so that no attention row is empty) and no valid slot.
     """
-    from .sampler import Canvas
-
     L0, T0 = cv.ids.shape
     N0 = cv.hole_pos.shape[1]
     N = N0 if N is None else N
@@ -240,16 +250,6 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
     ``rows`` candidate lengths (``hole``, ``hole // 2``, ...) share the batch, as
     the engine's default lengths do.
     """
-    from .cache import DualCache
-    from .sampler import (
-        DenoiseState,
-        SamplerConfig,
-        SpecialIds,
-        Strategy,
-        build_canvas,
-        denoise_step,
-        infill,
-    )
 
     dev = next(model.parameters()).device
     sp = SpecialIds.from_config(cfg)

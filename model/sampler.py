@@ -249,13 +249,13 @@ def candidate_lengths(lengths: Sequence[int]) -> list[int]:
     return out
 
 
-def _model_device(model: Any) -> torch.device:
+def model_device(model: Any) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device(getattr(model, "device", "cpu"))
 
 
-def _seed_for(seed: int, n: int) -> int:
+def seed_for(seed: int, n: int) -> int:
     """Per-candidate generator seed: depends on the request seed and the hole length only."""
     return (seed * 1_000_003 + n * 7919) % (2**63 - 1)
 
@@ -432,7 +432,7 @@ def denoise_step(
                                  fixed=threshold == float("inf"))
     hole = ids.gather(1, canvas.hole_pos)
     if select_impl is not None and temperature == 0:
-        from diffill.kernels.select_unmask import select_unmask
+        from ..kernels.select_unmask import select_unmask  # imports triton (0.3 s): fused path only
 
         L, N = masked.shape
         new_masked = elig.clone()
@@ -474,7 +474,7 @@ def denoise_step(
     return DenoiseState(ids, masked, logp, steps + (rem > 0).long())
 
 
-def _trim(
+def trim_middle(
     hole: list[int], logp: list[float], terminators: tuple[int, ...]
 ) -> tuple[list[int], float]:
     """hole tokens [n] and their commit log-probs -> (middle, mean log-prob over middle + terminator)."""
@@ -487,7 +487,7 @@ def _trim(
     return hole[:end], float(sum(counted) / len(counted))
 
 
-def _rank(cands: list[Infill], order: list[int], dedup: bool) -> list[Infill]:
+def rank_candidates(cands: list[Infill], order: list[int], dedup: bool) -> list[Infill]:
     idx = sorted(range(len(cands)), key=lambda i: (-cands[i].score, order[i]))
     out: list[Infill] = []
     seen: set[tuple[int, ...]] = set()
@@ -526,7 +526,7 @@ def infill(
     sp = SpecialIds.from_config(cfg)
     lengths = candidate_lengths(sc.lengths)
     _check_request(cfg, prefix_ids, suffix_ids)
-    device = _model_device(model)
+    device = model_device(model)
     cv = build_canvas(cfg, prefix_ids, suffix_ids, lengths, device)
     L, N = cv.valid.shape
     state = DenoiseState(
@@ -539,7 +539,7 @@ def infill(
     gens: list[torch.Generator] = []
     if sc.temperature > 0:
         seed = sc.seed if sc.seed is not None else secrets.randbits(62)
-        gens = [torch.Generator(device=device).manual_seed(_seed_for(seed, n)) for n in lengths]
+        gens = [torch.Generator(device=device).manual_seed(seed_for(seed, n)) for n in lengths]
     n_loop = sc.steps if sc.threshold is not None else min(sc.steps, N)
     noise = None
     if gens:  # rows' unused slots keep zeros (never selected)
@@ -576,9 +576,9 @@ def infill(
     steps = state.steps.tolist()
     cands = []
     for r, n in enumerate(lengths):
-        mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
+        mid, score = trim_middle(hole[r][:n], logp[r][:n], sp.terminators)
         cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
-    return _rank(cands, list(range(len(lengths))), dedup)
+    return rank_candidates(cands, list(range(len(lengths))), dedup)
 
 
 # --------------------------------------------------------------------------- reference
@@ -601,7 +601,7 @@ def infill_reference(
     sp = SpecialIds.from_config(cfg)
     lengths = candidate_lengths(sc.lengths)
     _check_request(cfg, prefix_ids, suffix_ids)
-    device = _model_device(model)
+    device = model_device(model)
     V = cfg.vocab_size
     seed = sc.seed if sc.seed is not None else secrets.randbits(62)
     cands: list[Infill] = []
@@ -612,7 +612,7 @@ def infill_reference(
         s0 = len(head)
         masked = [True] * n
         logps = [0.0] * n
-        gen = torch.Generator(device=device).manual_seed(_seed_for(seed, n))
+        gen = torch.Generator(device=device).manual_seed(seed_for(seed, n))
         steps_run = 0
         for s in range(sc.steps):
             if cancel is not None and cancel():
@@ -663,6 +663,6 @@ def infill_reference(
                         canvas[s0 + j] = sp.pad
                         logps[j] = 0.0
                         masked[j] = False
-        mid, score = _trim(canvas[s0 : s0 + n], logps, sp.terminators)
+        mid, score = trim_middle(canvas[s0 : s0 + n], logps, sp.terminators)
         cands.append(Infill(ids=mid, length=n, score=score, steps=steps_run))
-    return _rank(cands, list(range(len(lengths))), dedup)
+    return rank_candidates(cands, list(range(len(lengths))), dedup)

@@ -74,7 +74,7 @@ step() {  # step NAME TIMEOUT CMD... : run with a time limit, log, never abort t
 # -- environment: carried wheels, and `diffill` importable without installing it -------------
 SHIM=/tmp/diffill_shim
 . scripts/gpu_env.sh
-DIFFILL=("$PY" -m diffill.lsp_server.cli)
+DIFFILL=("$PY" -m diffill.cli)
 
 say "mode $MODE, python $PY, out $OUT"
 {

@@ -15,7 +15,7 @@ built once per session under pytest's tmp dir). Concurrent sessions are safe:
 each builds in its own temporary folder and renames it into place atomically.
 
 Outside pytest (editor end-to-end scripts, CI) the same model comes from
-``python -m diffill.model.train --micro OUT`` (checkpoint in ``OUT/model``).
+``python -m diffill.training.train --micro OUT`` (checkpoint in ``OUT/model``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO_CORPUS = ROOT / "tests" / "fixtures" / "micro_corpus.py"
-_KEY_FILES = ("model/train.py", "model/data.py", "model/transformer.py", "model/config.py",
+_KEY_FILES = ("training/train.py", "training/data.py", "model/transformer.py", "model/config.py",
               "model/attention.py")
 
 
@@ -55,7 +55,7 @@ def _micro_key() -> str:
 
 def build_micro_model(cache_root: Path) -> Path:
     """The micro checkpoint folder under ``cache_root`` (built if missing)."""
-    from diffill.model.train import train_micro_model
+    from diffill.training.train import train_micro_model
 
     final = cache_root / f"micro-{_micro_key()}"
     ckpt = final / "model"

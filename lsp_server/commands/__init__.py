@@ -39,6 +39,6 @@ def threads_to_env(args: argparse.Namespace) -> None:
 
 def configure_threads(args: argparse.Namespace, device: object) -> None:
     """For commands that run the model on this thread right away."""
-    from diffill.model.runtime import configure_cpu_threads
+    from ...model.runtime import configure_cpu_threads  # torch: not for serve's `initialize`
 
     configure_cpu_threads(getattr(args, "threads", None), device)

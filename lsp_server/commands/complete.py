@@ -14,6 +14,8 @@ from pathlib import Path
 
 import msgspec
 
+from ..backends import BackendError, load_local_backend
+from ..completer import Completer, options_from_kwargs
 from . import add_threads_option, check_threads, configure_threads
 
 MAX_FILE_MB_DEFAULT = 16.0
@@ -126,9 +128,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill complete: {err}", file=sys.stderr)
         return 2
     configure_threads(args, args.device)
-    from ..backends import BackendError, load_local_backend
-    from ..completer import Completer, options_from_kwargs
-
     opts: dict[str, object] = {"model_path": args.model, "device": args.device}
     for name in ("max_tokens", "steps", "context_tokens", "multiline"):
         v = getattr(args, name)

@@ -14,9 +14,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from diffill.lsp_server.commands import add_threads_option, check_threads, configure_threads
-from diffill.model.attention import resolved_backend
-from diffill.model.loader import LoadedModel, load_model
+import msgspec
+
+from ...model.attention import resolved_backend
+from ...model.loader import LoadedModel, load_model
+from ...model.plan import describe_plan, measure_plan
+from . import add_threads_option, check_threads, configure_threads
 
 Section = Callable[[LoadedModel, argparse.Namespace], dict[str, Any]]
 
@@ -75,9 +78,6 @@ def step_plan_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, An
     measured on this device when ``--plan`` is given (it runs the model)."""
     if not getattr(args, "plan", False):
         return {}
-    import msgspec
-    from diffill.model.plan import describe_plan, measure_plan
-
     plan = measure_plan(
         lm.model, lm.config, budget_ms=args.budget_ms, model_name=str(lm.path), repeats=3
     )

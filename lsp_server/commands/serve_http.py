@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from ..backends import load_local_backend
+from ..options import CompletionOptions, merge_options
 from . import add_threads_option, check_threads, threads_to_env
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -111,7 +113,7 @@ def is_loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import aiohttp  # noqa: F401
+        import aiohttp  # noqa: F401  (optional dependency: diffill[http]; checked first)
     except ImportError:
         print("diffill serve-http needs aiohttp: pip install 'diffill[http]'", file=sys.stderr)
         return 2
@@ -120,9 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill serve-http: {err}", file=sys.stderr)
         return 2
     threads_to_env(args)
-    from ..backends import load_local_backend
-    from ..http_server import HttpConfig, HttpFront, serve
-    from ..options import CompletionOptions, merge_options
+    from ..http_server import HttpConfig, HttpFront, serve  # needs aiohttp, checked above
 
     raw: dict[str, object] = {"modelPath": args.model, "device": args.device}
     for flag, wire in (("steps", "steps"), ("latency_budget_ms", "latencyBudgetMs"),

@@ -362,7 +362,7 @@ def test_tcp_transport_has_the_same_framing(model_dir: Path, tmp_path: Path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "diffill.lsp_server.cli", "serve", "--model",
+    proc = subprocess.Popen([sys.executable, "-m", "diffill.cli", "serve", "--model",
                              str(model_dir), "--tcp", f"127.0.0.1:{port}"], env=server_env(),
                             stderr=open(tmp_path / "tcp.err", "wb"))  # noqa: SIM115
     try:

@@ -58,7 +58,7 @@ def start_http(model: Path, tmp: Path, *flags: str, env: dict[str, str] | None =
                ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "diffill.lsp_server.cli", "serve-http", "--model", str(model),
+        [sys.executable, "-m", "diffill.cli", "serve-http", "--model", str(model),
          "--port", str(port), "--steps", "2", *flags],
         stdout=subprocess.DEVNULL, stderr=open(tmp / f"http-{port}.err", "wb"),  # noqa: SIM115
         env=server_env(env))

@@ -30,7 +30,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
-SERVER = [sys.executable, "-m", "diffill.lsp_server.cli", "serve"]
+SERVER = [sys.executable, "-m", "diffill.cli", "serve"]
 CLIENTS = {
     "neovim@v0.11.0": "utf-8",
     "visual-studio-code": "utf-16",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from diffill.model.ar import generate, generate_reference, prefill
+from diffill.evaluation.ar import generate, generate_reference, prefill
 from diffill.model.config import ModelConfig
 from diffill.model.transformer import KVContext, Transformer
 

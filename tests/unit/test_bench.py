@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffill.lsp_server.cli import main
-from diffill.model import bench
+from diffill.cli import main
+from diffill.evaluation import bench
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -91,7 +91,7 @@ def test_cli_bench_quick(tmp_path, capsys):
 @pytest.mark.slow
 def test_lsp_end_to_end_latency(tmp_path):
     from _checkpoints import tiny_config, write_diffill_checkpoint
-    from diffill.lsp_server.commands.bench import bench_lsp
+    from diffill.evaluation.commands.bench import bench_lsp
 
     folder = tmp_path / "ckpt"
     write_diffill_checkpoint(folder, tiny_config(vocab_size=300))
@@ -103,7 +103,7 @@ def test_lsp_end_to_end_latency(tmp_path):
 
 def test_cache_quality_on_a_tiny_checkpoint(tmp_path):
     from _checkpoints import tiny_config, write_diffill_checkpoint
-    from diffill.lsp_server.commands.bench import cache_quality
+    from diffill.evaluation.commands.bench import cache_quality
     from diffill.model.loader import load_model
 
     folder = tmp_path / "ckpt"

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from diffill.model import bpe
 from diffill.model.tokenizer import Tokenizer as DiffillTokenizer
+from diffill.training import bpe
 
 
 def _texts() -> list[str]:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from diffill.lsp_server.cli import main as cli_main
+from diffill.cli import main as cli_main
 from diffill.lsp_server.commands.complete import InputError, position_offset
 
 

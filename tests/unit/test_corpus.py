@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from diffill.model import corpus as C
+from diffill.training import corpus as C
 
 MIT_INFO = "Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nLicense: MIT\n"
 GPL_INFO = ("Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"

@@ -31,7 +31,7 @@ def test_default_model_loads_with_provenance():
 
 def test_readme_main_job_runs():
     p = subprocess.run(
-        [sys.executable, "-m", "diffill.lsp_server.cli", "complete", str(ROOT / "examples/stats.py"),
+        [sys.executable, "-m", "diffill.cli", "complete", str(ROOT / "examples/stats.py"),
          "--line", "15", "--col", "1", "--threads", "1"],
         capture_output=True, text=True, timeout=300,
     )

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from diffill.lsp_server.cli import main as cli_main
-from diffill.lsp_server.evaluation.frontier import parse_steps
-from diffill.lsp_server.evaluation.tasks import (
+from diffill.cli import main as cli_main
+from diffill.evaluation.frontier import parse_steps
+from diffill.evaluation.tasks import (
     InfillTask,
     humaneval_single_line_tasks,
     read_samples,

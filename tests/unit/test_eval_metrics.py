@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from diffill.lsp_server.evaluation.baseline import analogy_completion
-from diffill.lsp_server.evaluation.metrics import (
+from diffill.evaluation.baseline import analogy_completion
+from diffill.evaluation.metrics import (
     edit_similarity,
     exact_match,
     exact_match_ws,

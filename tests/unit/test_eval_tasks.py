@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from diffill.lsp_server.evaluation.heldout import (
+from diffill.evaluation.heldout import (
     heldout_tasks,
     read_documents,
     repeats_in_file,
     sample_tasks,
 )
-from diffill.lsp_server.evaluation.tasks import (
+from diffill.evaluation.tasks import (
     InfillTask,
     TaskError,
     humaneval_single_line_tasks,
@@ -168,8 +168,8 @@ def test_heldout_tasks_shape(tmp_path):
 
 
 def test_repeated_middles_and_the_exact_match_split():
-    from diffill.lsp_server.evaluation.runner import Output, text_metrics
-    from diffill.lsp_server.evaluation.tasks import InfillTask
+    from diffill.evaluation.runner import Output, text_metrics
+    from diffill.evaluation.tasks import InfillTask
 
     def task(prompt, middle, suffix):
         return InfillTask(task_id=f"t{len(prompt)}", prompt=prompt, suffix=suffix, canonical_solution=middle)

@@ -8,7 +8,7 @@ names), the model cannot do this."""
 from __future__ import annotations
 
 from diffill.model.sampler import SamplerConfig, infill
-from diffill.model.train import micro_files
+from diffill.training.train import micro_files
 
 
 def line_cases(corpus: str, count: int = 10) -> list[tuple[str, int, int]]:

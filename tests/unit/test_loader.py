@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffill.lsp_server.cli import main as cli_main
+from diffill.cli import main as cli_main
 from diffill.model import CheckpointError, LoadedModel, load_model
 from diffill.model import loader as loader_mod
 from diffill.model.config import ModelConfig
@@ -354,7 +354,7 @@ def test_info_bad_model(tmp_path, capsys):
 
 def test_info_subprocess(ckpt):
     r = subprocess.run(
-        [sys.executable, "-m", "diffill.lsp_server.cli", "info", "--model", str(ckpt[0]), "--json"],
+        [sys.executable, "-m", "diffill.cli", "info", "--model", str(ckpt[0]), "--json"],
         capture_output=True,
         text=True,
         timeout=120,

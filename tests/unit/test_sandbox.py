@@ -9,8 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from diffill.lsp_server.evaluation.sandbox import Sandbox, SandboxConfig, _pids_of, _slot_uid
-from diffill.lsp_server.evaluation.tasks import humaneval_single_line_tasks, subset
+from diffill.evaluation.sandbox import Sandbox, SandboxConfig, _pids_of, _slot_uid
+from diffill.evaluation.tasks import humaneval_single_line_tasks, subset
 
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 

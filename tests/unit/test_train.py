@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffill.model.data import FIM, PLAIN, BatchMaker, TokenSource
-from diffill.model.train import (
+from diffill.training.data import FIM, PLAIN, BatchMaker, TokenSource
+from diffill.training.train import (
     MICRO_TRAIN,
     TrainConfig,
     Trainer,
@@ -104,7 +104,7 @@ def test_copy_rows_put_the_cursor_on_a_line_repeated_nearby(tok_and_src):
     """p_copy_line=1: every FIM row that found a repeated line is marked +copy, and its cursor
     line's stripped text occurs again in the file within copy_max_lines lines; rows without one
     fall back to the usual draw. p_copy_line=0 draws exactly the stream it drew before."""
-    from diffill.model.data import _repeated_lines
+    from diffill.training.data import _repeated_lines
 
     tok, _, micro_src, _ = tok_and_src
     files = []  # the micro corpus repeats no line; these files do, a few lines apart
@@ -432,7 +432,7 @@ def test_ar_warm_start_then_diffusion(tok_and_src, tmp_path):
 
 
 def test_batch_stream_is_deterministic_per_seed_and_start(tok_and_src):
-    from diffill.model.data import BatchStream
+    from diffill.training.data import BatchStream
 
     tok, _, src, _ = tok_and_src
     cfg = tiny_tc().data_config()

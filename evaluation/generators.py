@@ -9,8 +9,11 @@ policy for single-line holes (``multiline=False``) and the multi-line policy for
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
+from ..lsp_server.backends import load_local_backend
+from ..lsp_server.completer import Completer, options_from_kwargs
 from .baseline import analogy_completion
 
 
@@ -66,8 +69,6 @@ class CompleterGenerator:
         language: str | None = "python",
         syntax_check: bool = True,
     ) -> None:
-        from diffill.lsp_server.completer import Completer, options_from_kwargs
-
         self.name = name
         self.backend = backend
         self.steps = steps
@@ -131,10 +132,6 @@ def load_model_generator(
     """Load a checkpoint (None: the shipped default) once and wrap it for evaluation.
     ``block``: the sampler's semi-autoregressive block (``"model"``: the checkpoint's
     ``decode_block``; None: any-order decoding)."""
-    import dataclasses
-
-    from diffill.lsp_server.backends import load_local_backend
-
     backend = load_local_backend(model_path, device, max_steps=max(steps or 16, 16))
     if block != "model":
         eng = backend.engine

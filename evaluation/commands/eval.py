@@ -3,7 +3,7 @@ held-out corpus exact match / edit similarity, a non-neural baseline and the emp
 by side, and the speed-quality frontier over step counts.
 
 The model is evaluated through the editors' path (the Completer). Conventions (cursor at
-column 0 of an empty line, see ``diffill.lsp_server.evaluation.tasks``) are the same for the
+column 0 of an empty line, see ``diffill.evaluation.tasks``) are the same for the
 model, the baseline and the empty floor.
 """
 
@@ -17,7 +17,39 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import add_threads_option, check_threads, configure_threads
+from ... import __version__
+from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
+from .. import frontier as fr
+from .. import report
+from ..generators import (
+    BaselineGenerator,
+    EmptyGenerator,
+    load_model_generator,
+)
+from ..heldout import (
+    default_heldout_path,
+    heldout_tasks,
+    repeats_in_file,
+)
+from ..runner import (
+    ExecCache,
+    Output,
+    exec_metrics,
+    generate,
+    per_task_rows,
+    text_metrics,
+)
+from ..sandbox import Sandbox, SandboxConfig
+from ..tasks import (
+    TaskError,
+    humaneval_path,
+    humaneval_single_line_tasks,
+    read_samples,
+    read_tasks,
+    subset,
+    write_jsonl,
+    write_samples,
+)
 
 DEFAULT_OUT = "diffill-eval"
 
@@ -97,39 +129,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill eval: {err}", file=sys.stderr)
         return 2
     configure_threads(args, args.device)
-    from diffill import __version__
-    from diffill.lsp_server.evaluation import frontier as fr
-    from diffill.lsp_server.evaluation import report
-    from diffill.lsp_server.evaluation.generators import (
-        BaselineGenerator,
-        EmptyGenerator,
-        load_model_generator,
-    )
-    from diffill.lsp_server.evaluation.heldout import (
-        default_heldout_path,
-        heldout_tasks,
-        repeats_in_file,
-    )
-    from diffill.lsp_server.evaluation.runner import (
-        ExecCache,
-        Output,
-        exec_metrics,
-        generate,
-        per_task_rows,
-        text_metrics,
-    )
-    from diffill.lsp_server.evaluation.sandbox import Sandbox, SandboxConfig
-    from diffill.lsp_server.evaluation.tasks import (
-        TaskError,
-        humaneval_path,
-        humaneval_single_line_tasks,
-        read_samples,
-        read_tasks,
-        subset,
-        write_jsonl,
-        write_samples,
-    )
-
     err = _check_args(args)
     if err:
         print(f"diffill eval: {err}", file=sys.stderr)

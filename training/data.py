@@ -1,6 +1,6 @@
 """Training batches for the masked-diffusion LM, from pre-tokenised corpus files.
 
-Token files (written by :mod:`diffill.model.bpe`): ``{split}.bin`` = uint16 ids of
+Token files (written by :mod:`diffill.training.bpe`): ``{split}.bin`` = uint16 ids of
 all files concatenated, each followed by ``<|eos|>``; ``{split}.idx.npy`` = int64
 start offset of every file. They are memory-mapped, never read whole.
 
@@ -67,11 +67,13 @@ a pure function of the seed, and its state can be saved and restored to resume.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 PLAIN, FIM = 0, 1
@@ -174,8 +176,6 @@ class Batch:
     n_real: int = 0  # real (non-padding) tokens in the batch
 
     def torch(self, device: Any = "cpu") -> dict[str, Any]:
-        import torch
-
         return {
             "input_ids": torch.from_numpy(self.input_ids).to(device),
             "attention_mask": torch.from_numpy(self.attention_mask).to(device),
@@ -428,8 +428,6 @@ class BatchStream:
     def __init__(self, source: TokenSource, tokenizer: HFTokenizer, cfg: DataConfig,
                  batch_size: int, *, seed: int, start_step: int, workers: int,
                  prefetch: int = 4) -> None:
-        import multiprocessing as mp
-
         if workers < 1:
             raise ValueError("BatchStream needs at least one worker")
         ctx = mp.get_context("fork")

@@ -1,11 +1,13 @@
 """``diffill corpus``: build the training corpus offline (and optionally the tokenizer
-and the pre-tokenised arrays). See :mod:`diffill.model.corpus` and :mod:`diffill.model.bpe`."""
+and the pre-tokenised arrays). See :mod:`diffill.training.corpus` and :mod:`diffill.training.bpe`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+
+from .. import bpe, corpus
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,8 +27,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diffill.model import bpe, corpus  # noqa: PLC0415  (keeps `diffill --help` fast)
-
     heldout = corpus.DEFAULT_HELDOUT if args.heldout is None else [
         h.strip() for h in args.heldout.split(",") if h.strip()]
     installed = corpus.DEFAULT_INSTALLED if args.installed is None else [

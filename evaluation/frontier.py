@@ -55,10 +55,10 @@ def plot_frontier(
 ) -> Path:
     """Saves the frontier as a PNG (matplotlib, Agg backend). ``references`` are horizontal
     lines for fixed pass@1 values (empty floor, baseline)."""
-    import matplotlib
+    import matplotlib  # optional dependency (diffill[plot]), only for --plot
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

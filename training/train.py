@@ -1,6 +1,6 @@
 """Train diffill's own masked-diffusion model (CPU or CUDA, one code path).
 
-Loss and batches: :mod:`diffill.model.data` (MDLM/LLaDA ELBO with 1/t weights,
+Loss and batches: :mod:`diffill.training.data` (MDLM/LLaDA ELBO with 1/t weights,
 plain windows mixed with FIM canvases shaped like the sampler's).
 
 Two objectives share the transformer (``--objective``):
@@ -38,7 +38,7 @@ optimiser, step, token count, elapsed time and the data generator state, so the
 schedule and the batch stream continue exactly where they stopped.
 
 The micro model (tests, editor end-to-end checks, CI): :func:`train_micro_model`
-or ``python -m diffill.model.train --micro OUT``.
+or ``python -m diffill.training.train --micro OUT``.
 """
 
 from __future__ import annotations
@@ -58,12 +58,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
 
-from .config import DiffillDialect, ModelConfig
+from ..model.config import DiffillDialect, ModelConfig
+from ..model.runtime import resolve_device
+from ..model.transformer import Transformer
 from .data import (
     FIM,
     PLAIN,
@@ -75,7 +80,6 @@ from .data import (
     TokenSource,
     heldout_batches,
 )
-from .transformer import Transformer
 
 SHIP_LIMIT_BYTES = 60_000_000  # shipped weights stay below this (bf16 when fp32 would not fit)
 
@@ -162,12 +166,6 @@ class TrainConfig:
 # --------------------------------------------------------------------------- pieces
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def param_groups(model: torch.nn.Module, weight_decay: float, decay_embeddings: bool) -> list[dict]:
     """Decay on matrices of the blocks (and the embedding only if asked); none on
     norms, biases."""
@@ -210,7 +208,7 @@ def diffusion_loss(
     bf16: bool,
     body: Any = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The weighted masked-token cross-entropy of :mod:`diffill.model.data`.
+    """The weighted masked-token cross-entropy of :mod:`diffill.training.data`.
 
     batch: input_ids, targets [B, T] long; attention_mask [B, T] bool; weights [B, T]
     float (``1/(t N)`` on masked targets); kind [B]. The LM head runs only at
@@ -308,8 +306,6 @@ def save_checkpoint(
     dialect = DiffillDialect.from_model_config(cfg, provenance)
     dialect = type(dialect)(**{**{f: getattr(dialect, f) for f in dialect.__struct_fields__},
                                "torch_dtype": dtype_name})
-    import msgspec
-
     (tmp / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(dialect), indent=2) + b"\n")
     save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
@@ -578,8 +574,6 @@ class Trainer:
         tc = self.tc
         bar = None
         if tc.progress:
-            from tqdm import tqdm
-
             total = tc.max_tokens or None
             bar = tqdm(total=total, initial=self.tokens, unit="tok", unit_scale=True,
                        dynamic_ncols=True, file=sys.stderr)
@@ -680,8 +674,6 @@ def micro_files(corpus_text: str) -> list[str]:
 
 
 def train_micro_tokenizer(texts: list[str], vocab_size: int = MICRO_VOCAB) -> HFTokenizer:
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -723,7 +715,7 @@ def train_micro_model(
     tc = TrainConfig(**{**asdict(MICRO_TRAIN), "seed": seed,
                         "max_steps": steps if steps is not None else MICRO_TRAIN.max_steps,
                         "threads": threads or 1,
-                        "command": "diffill.model.train.train_micro_model"})
+                        "command": "diffill.training.train.train_micro_model"})
     tr = Trainer(tc, out / "run", tok_path, src, None, data_cfg=MICRO_DATA,
                  meta={"manifest_sha256": None})
     res = tr.fit()
@@ -834,7 +826,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m diffill.model.train", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m diffill.training.train", description=__doc__.split("\n")[0])
     add_arguments(p)
     return run_from_args(p.parse_args(argv))
 

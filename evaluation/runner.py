@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tqdm import tqdm
+
 from .generators import Generator
 from .metrics import edit_similarity, exact_match, exact_match_ws, mean, percentile
 from .sandbox import ExecResult, Sandbox
@@ -31,8 +33,6 @@ class Output:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
-
     return tqdm(total=total, desc=desc, unit="task", disable=not enabled, leave=False, dynamic_ncols=True)
 
 

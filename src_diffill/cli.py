@@ -1,7 +1,9 @@
 """The ``diffill`` command line.
 
-Each subcommand lives in its own module under ``diffill.lsp_server.commands``
-exposing ``add_parser(subparsers)`` (which returns the parser) and
+Each subcommand lives in its own module, on the side of the repository that owns it
+(``diffill.lsp_server.commands``: complete, serve, serve-http, info;
+``diffill.evaluation.commands``: eval, bench; ``diffill.training.commands``: train,
+corpus), exposing ``add_parser(subparsers)`` (which returns the parser) and
 ``run(args) -> int``. A subcommand appears only when its module exists, so
 entry points that later work fills in are absent rather than stubs.
 
@@ -20,12 +22,12 @@ import importlib.util
 import sys
 from typing import NamedTuple
 
-from diffill import __version__
+from . import __version__
 
 
 class Command(NamedTuple):
     module: str
-    """Module name under ``diffill.lsp_server.commands``."""
+    """Full module name (``diffill.<side>.commands.<name>``)."""
     name: str
     """Name on the command line."""
     aliases: tuple[str, ...]
@@ -35,28 +37,31 @@ class Command(NamedTuple):
 
 # Order shown in --help.
 COMMANDS: tuple[Command, ...] = (
-    Command("complete", "complete", (), "fill the hole at FILE:LINE:COL and print the suggestion"),
-    Command("serve", "serve", (), "run the language server (stdio, or --tcp HOST:PORT)"),
-    Command("serve_http", "serve-http", ("serve_http",),
+    Command("diffill.lsp_server.commands.complete", "complete", (),
+            "fill the hole at FILE:LINE:COL and print the suggestion"),
+    Command("diffill.lsp_server.commands.serve", "serve", (),
+            "run the language server (stdio, or --tcp HOST:PORT)"),
+    Command("diffill.lsp_server.commands.serve_http", "serve-http", ("serve_http",),
             "serve the model as an OpenAI-compatible /v1/completions API"),
-    Command("info", "info", (), "load a model and describe it"),
-    Command("eval", "eval", (),
+    Command("diffill.lsp_server.commands.info", "info", (), "load a model and describe it"),
+    Command("diffill.evaluation.commands.eval", "eval", (),
             "evaluate a model: HumanEval infilling pass@1, held-out exact match, baseline, frontier"),
-    Command("bench", "bench", (),
+    Command("diffill.evaluation.commands.bench", "bench", (),
             "measure infill latency (p50/p95, tokens/s) against autoregressive decoding"),
-    Command("train", "train", (),
+    Command("diffill.training.commands.train", "train", (),
             "train diffill's own masked-diffusion model on a pre-tokenised corpus"),
-    Command("corpus", "corpus", (), "build the permissively licensed Python corpus"),
+    Command("diffill.training.commands.corpus", "corpus", (),
+            "build the permissively licensed Python corpus"),
 )
 
-
-def _module_path(cmd: Command) -> str:
-    return f"diffill.lsp_server.commands.{cmd.module}"
+COMMAND_PACKAGES = ("diffill.lsp_server.commands", "diffill.evaluation.commands",
+                    "diffill.training.commands")
+"""The packages that hold command modules (every module in them is a command)."""
 
 
 def _available() -> list[Command]:
     """The commands whose module exists (found without importing it)."""
-    return [c for c in COMMANDS if importlib.util.find_spec(_module_path(c)) is not None]
+    return [c for c in COMMANDS if importlib.util.find_spec(c.module) is not None]
 
 
 def _chosen(argv: list[str], commands: list[Command]) -> Command | None:
@@ -84,7 +89,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     chosen = _chosen(argv, commands) if argv is not None else None
     for cmd in commands:
         if argv is None or cmd is chosen:
-            module = importlib.import_module(_module_path(cmd))
+            module = importlib.import_module(cmd.module)
             p = module.add_parser(sub)
             p.set_defaults(_run=module.run)
         else:

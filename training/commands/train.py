@@ -1,7 +1,7 @@
 """``diffill train``: train diffill's own masked-diffusion model.
 
-Thin wrapper over :mod:`diffill.model.train` (same flags as
-``python -m diffill.model.train``). The default model's recipe, two phases
+Thin wrapper over :mod:`diffill.training.train` (same flags as
+``python -m diffill.training.train``). The default model's recipe, two phases
 (a causal warm start, then masked diffusion from it with the shifted head)::
 
     diffill train --data data/tokens --out runs/ar --objective ar --shift-logits \\
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..train import add_arguments, run_from_args
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -32,13 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="train diffill's own masked-diffusion model on a pre-tokenised corpus",
         description=__doc__.split("\n\n")[0],
     )
-    from diffill.model.train import add_arguments
-
     add_arguments(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from diffill.model.train import run_from_args
-
     return run_from_args(args)

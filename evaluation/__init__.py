@@ -1,5 +1,9 @@
-"""Evaluation for ``diffill eval``: infilling tasks, the execution sandbox, metrics,
-a non-neural baseline and the speed-quality frontier.
+"""Evaluation and benchmarking (``diffill eval``, ``diffill bench``): infilling tasks, the
+execution sandbox, metrics, a non-neural baseline, the speed-quality frontier, the latency
+benchmark and the autoregressive baseline it compares against.
+
+Uses the server side (:mod:`diffill.lsp_server`: the editors' ``Completer``), the model and
+the kernels; nothing on the server side imports it.
 
 Modules:
 
@@ -14,6 +18,8 @@ Modules:
 - :mod:`.runner`     generation + scoring of one generator on the task sets.
 - :mod:`.frontier`   steps vs quality/latency table and plot.
 - :mod:`.report`     text tables and the results JSON.
+- :mod:`.bench`      ``diffill bench``: engine latency, dual cache, floors, the AR baseline.
+- :mod:`.ar`         autoregressive decoding of the same model (the baseline ``bench`` times).
 
 The cursor convention (used for every task, the model, the baseline and the empty floor) is
 documented in :mod:`.tasks`.

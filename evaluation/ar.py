@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .transformer import KVContext
+from ..model.transformer import KVContext
 
 
 def _device(model: Any) -> torch.device:

@@ -7,7 +7,7 @@ Examples::
         --steps 1 2 4 8 16 --json out.json --plot out.png
     diffill bench --model path/to/checkpoint --lsp 50   # plus end-to-end LSP latency
 
-See :mod:`diffill.model.bench` for what is measured.
+See :mod:`diffill.evaluation.bench` for what is measured.
 """
 
 from __future__ import annotations
@@ -24,12 +24,18 @@ from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
-from . import add_threads_option, check_threads, configure_threads
+from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
+from ...model.engine import Engine, EngineOptions
+from ...model.loader import DTYPES
+from ...model.plan import describe_plan, measure_plan
+from ...model.runtime import resolve_device
+from ...model.sampler import SamplerConfig
+from .. import bench
+from ..bench import PRESETS, BenchOptions, percentile
+from ..heldout import default_heldout_path, heldout_tasks
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from diffill.model.bench import PRESETS
-
     p = subparsers.add_parser(
         "bench",
         help="measure infill latency (p50/p95, tokens/s) against autoregressive decoding",
@@ -81,8 +87,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _options(args: argparse.Namespace):
-    from diffill.model.bench import BenchOptions
-
     if args.quick:
         base = BenchOptions(ctx=(64,), holes=(8,), steps=(1, 2), refresh=(0, 2), repeats=2,
                             warmup=1, floor_copy_mb=16, floor_matmul_n=256)
@@ -111,25 +115,18 @@ def _kernel_shapes(args: argparse.Namespace, vocab: int, opts) -> tuple[tuple[in
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-    from diffill.model import bench
-
     err = check_threads(args)
     if err:
         print(f"diffill bench: {err}", file=sys.stderr)
         return 2
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(resolve_device(args.device))
     configure_threads(args, device)
     dtype = None
     if args.dtype:
-        from diffill.model.loader import _DTYPES
-
-        if args.dtype.lower() not in _DTYPES:
+        if args.dtype.lower() not in DTYPES:
             print(f"diffill bench: unknown --dtype {args.dtype!r}", file=sys.stderr)
             return 2
-        dtype = _DTYPES[args.dtype.lower()]
+        dtype = DTYPES[args.dtype.lower()]
 
     def log(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
@@ -144,8 +141,6 @@ def run(args: argparse.Namespace) -> int:
     opts.kernel_shapes = _kernel_shapes(args, bm.config.vocab_size, opts)
     result = bench.run_bench(bm, opts, log=log)
     if args.plan:
-        from diffill.model.plan import describe_plan, measure_plan
-
         plan = measure_plan(bm.model, bm.config, budget_ms=args.budget_ms,
                             ctx_buckets=opts.ctx, hole_buckets=opts.holes,
                             refresh_every=max(opts.refresh), repeats=max(2, opts.repeats // 2),
@@ -272,9 +267,7 @@ def bench_lsp(model: str, n: int, *, device: str = "cpu", log=print,
     requests (each at a different line, so the typed-ahead cache cannot answer).
     Returns e2e p50/p95 and the server overhead (e2e p50 minus the server's own
     model-time p50 from ``diffill/status``)."""
-    from diffill.model.bench import percentile
-
-    argv = [sys.executable, "-m", "diffill.lsp_server.cli", "serve", "--model", model,
+    argv = [sys.executable, "-m", "diffill.cli", "serve", "--model", model,
             "--device", device]
     client = StdioClient(argv, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
@@ -327,10 +320,6 @@ def cache_quality(lm: Any, n: int, *, refresh: list[int], heldout: str | None = 
     r steps (r = 1: no cache). Per r: exact match against the hidden line (whitespace at
     the ends ignored) and agreement with r = 1 (identical middle). Context: the last
     ``ctx_tokens`` prefix tokens and the first ``ctx_tokens // 2`` suffix tokens."""
-    from diffill.lsp_server.evaluation.heldout import default_heldout_path, heldout_tasks
-    from diffill.model.engine import Engine, EngineOptions
-    from diffill.model.sampler import SamplerConfig
-
     path = heldout or default_heldout_path()
     if path is None:
         raise ValueError("no held-out corpus: pass --heldout or set DIFFILL_HELDOUT")
