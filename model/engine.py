@@ -29,7 +29,9 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   shape bucket to fit ``latency_budget_ms``.
 
 With the defaults (batching on, everything else off) a request's result is
-the same as :func:`diffill.model.sampler.infill` on its own.
+the same as :func:`diffill.model.sampler.infill` on its own: both run the sampler's one
+decode loop (:func:`diffill.model.sampler.run_steps`); the engine adds the grouping, the
+shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs).
 
 Candidate hole lengths. When the caller gives none, ``max_tokens`` is turned
 into ``(max_tokens // 4, max_tokens // 2, max_tokens)`` (values < 1 dropped,
@@ -46,8 +48,6 @@ Context trimming is the caller's job: the engine truncates nothing and raises
 from __future__ import annotations
 
 import dataclasses
-import math
-import secrets
 import threading
 import time
 from collections import deque
@@ -57,29 +57,42 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .cache import DualCache
-from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, measure_plan, pad_canvas
+from .cache import DualCache, cached_steps
+from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, measure_plan
 from .runtime import ensure_cpu_threads
 from .sampler import (
     Canvas,
     DenoiseState,
+    EagerSteps,
     Infill,
     InfillCancelled,
+    InfillRequest,
     SamplerConfig,
-    SpecialIds,
+    Stepper,
+    StepSpec,
+    batch_rows,
     build_canvas,
     candidate_lengths,
     canvas_length,
+    collect,
     denoise_step,
-    rank_candidates,
-    seed_for,
-    trim_middle,
+    initial_state,
+    run_steps,
+    stack_canvases,
 )
 
 if TYPE_CHECKING:  # the loader imports torch-heavy modules; only the type is needed here
     from .loader import LoadedModel
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket_shape(L: int, T: int, N: int) -> tuple[int, int, int]:
+    """A batch's shape [L rows, T columns, N slots] rounded up to its buckets: rows to
+    :data:`ROW_BUCKETS`, the hole to :data:`~.plan.HOLE_BUCKETS`, the rest of the canvas to
+    :data:`~.plan.CTX_BUCKETS`."""
+    Nb = bucket(N, HOLE_BUCKETS)
+    return bucket(L, ROW_BUCKETS), bucket(T - N, CTX_BUCKETS) + Nb, Nb
 
 
 def default_lengths(max_tokens: int) -> tuple[int, ...]:
@@ -116,25 +129,11 @@ class EngineOptions:
 
 
 @dataclass
-class InfillRequest:
-    """One request as the engine sees it (the unit a batch groups)."""
-
-    prefix_ids: list[int]
-    suffix_ids: list[int]
-    sampler: SamplerConfig
-    cancel: Callable[[], bool] | None = None
-
-
-@dataclass
 class _Slot:
     req: InfillRequest
     done: threading.Event = field(default_factory=threading.Event)
     result: list[Infill] | None = None
     error: BaseException | None = None
-
-
-def _group_key(sc: SamplerConfig) -> tuple[Any, ...]:
-    return (sc.steps, sc.threshold, sc.strategy, sc.temperature, sc.absorb_pad, sc.block)
 
 
 class Engine:
@@ -328,17 +327,21 @@ class Engine:
             if not self._queue:
                 return []
             head = self._queue[0]
-            key = _group_key(head.req.sampler)
+            key = self._step_spec(head.req)
             group, rest, rows = [], deque(), 0
             for s in self._queue:
                 n = len(s.req.sampler.lengths)
-                if _group_key(s.req.sampler) == key and (not group or rows + n <= self.options.max_batch_rows):
+                if self._step_spec(s.req) == key and (not group or rows + n <= self.options.max_batch_rows):
                     group.append(s)
                     rows += n
                 else:
                     rest.append(s)
             self._queue = rest
             return group
+
+    def _step_spec(self, req: InfillRequest) -> StepSpec:
+        """Requests whose step specs are equal share a batch (one forward per step)."""
+        return StepSpec.of(self.config, req.sampler, select_impl=self.options.select_impl)
 
     def _run_slots(self, group: list[_Slot]) -> None:
         """Run one batch (device lock held) and hand each slot its outcome."""
@@ -360,139 +363,45 @@ class Engine:
                 s.done.set()
 
     # -- the batched denoising loop -----------------------------------------------------------
-    def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
-        """Run requests that share a group key as one batch (called with the lock held).
-        Returns, per request, its candidates or the exception (InfillCancelled) it ended with."""
+    def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:
+        """Run requests that share a group key as one batch (called with the lock held):
+        their canvases stacked (padded to shape buckets with ``buckets`` / ``cuda_graphs``),
+        :func:`~diffill.model.sampler.run_steps` with the stepper the options ask for.
+        Returns, per request, its candidates or the InfillCancelled it ended with."""
         cfg, dev, opts = self.config, self.device, self.options
-        sp = SpecialIds.from_config(cfg)
-        sc = batch[0].sampler
-        # canvases: one row per (request, candidate length), all padded to one shape
-        per_req = []
-        for r in batch:
-            lens = candidate_lengths(r.sampler.lengths)
-            per_req.append((lens, build_canvas(cfg, r.prefix_ids, r.suffix_ids, lens, dev)))
-        n_real = max(cv.hole_pos.shape[1] for _, cv in per_req)
-        use_graphs = opts.cuda_graphs and sc.temperature == 0
-        cv, owner = self._merge([c for _, c in per_req], sp.pad, opts.buckets or use_graphs)
-        L, N = cv.valid.shape
-        state = DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), device=dev),
-                             torch.zeros((L,), dtype=torch.long, device=dev))
-        gens: list[torch.Generator | None] = [None] * L
-        row_n = [n for lens, _ in per_req for n in lens] + [0] * owner.count(-1)  # per row
-        if sc.temperature > 0:
-            r0 = 0
-            for (lens, _), req in zip(per_req, batch, strict=True):
-                seed = req.sampler.seed if req.sampler.seed is not None else secrets.randbits(62)
-                for n in lens:
-                    gens[r0] = torch.Generator(device=dev).manual_seed(seed_for(seed, n))
-                    r0 += 1
-        kw = dict(mask_id=sp.mask, pad_id=sp.pad, terminators=sp.terminators,
-                  shift=cfg.shift_logits, strategy=sc.strategy,
-                  threshold=math.inf if sc.threshold is None else float(sc.threshold),
-                  temperature=sc.temperature, absorb_pad=sc.absorb_pad,
-                  select_impl=opts.select_impl, block=sc.block, total_steps=sc.steps)
-        graphs = self._graphs_for(cv, kw) if use_graphs else None
-        if graphs is None and bool(cv.attn.all()):
-            # no padding anywhere: no attention mask, so SDPA / flash-attn can take their
-            # mask-free kernels (one host check before the loop)
-            cv = cv._replace(attn=None)
-        fwd: Any = self.model
-        if graphs is None and opts.refresh_every > 1:
-            fwd = DualCache(self.model, cv, shift=cfg.shift_logits, refresh_every=opts.refresh_every)
-        if graphs is not None:
-            graphs.load(cv, state, sc.steps)
-        out: list[list[Infill] | BaseException | None] = [None] * len(batch)
-        active = list(range(len(batch)))
-        n_loop = sc.steps if sc.threshold is not None else min(sc.steps, n_real)
-        noise = None
-        if sc.temperature > 0:
-            noise = torch.zeros((L, N, cfg.vocab_size), device=dev)
-        for s in range(n_loop):
-            gone = [i for i in active if batch[i].cancel is not None and batch[i].cancel()]
-            if gone:
-                for i in gone:
-                    out[i] = InfillCancelled(f"infill cancelled before step {s + 1}")
-                active = [i for i in active if i not in gone]
-                if not active:
-                    break
-                if graphs is not None:
-                    graphs.freeze_rows([r for r, o in enumerate(owner) if o in gone])
-                else:
-                    keep = [r for r, o in enumerate(owner) if o in active]
-                    idx = torch.tensor(keep, device=dev)
-                    cv = Canvas(*(None if t is None else t[idx] for t in cv))
-                    state = DenoiseState(*(t[idx] for t in state))
-                    owner = [owner[r] for r in keep]
-                    gens = [gens[r] for r in keep]
-                    row_n = [row_n[r] for r in keep]
-                    if noise is not None:
-                        noise = noise[idx]
-                    if isinstance(fwd, DualCache):
-                        fwd.select_rows(idx)
-            if graphs is not None:
-                graphs.step(s)
-                still = graphs.state.masked
-            else:
-                if noise is not None:
-                    for r, g in enumerate(gens):
-                        if g is not None:
-                            noise[r, : row_n[r]] = torch.rand((row_n[r], cfg.vocab_size), generator=g,
-                                                              device=dev)
-                state = denoise_step(fwd, cv, state, sc.steps - s, noise=noise, **kw)
-                still = state.masked
-            # the one host synchronisation of the loop (threshold mode only)
-            if sc.threshold is not None and not bool(still.any()):
-                break
-        if graphs is not None:
-            state = graphs.state
-        # results: one host transfer for the whole batch
-        hole = state.ids.gather(1, cv.hole_pos).tolist()
-        logp = state.logp.tolist()
-        steps = state.steps.tolist()
-        rows_of: dict[int, list[int]] = {}
-        for r, o in enumerate(owner):
-            if o >= 0:
-                rows_of.setdefault(o, []).append(r)
-        for i in active:
-            lens = per_req[i][0]
-            cands = []
-            for n, r in zip(lens, rows_of[i], strict=True):
-                mid, score = trim_middle(hole[r][:n], logp[r][:n], sp.terminators)
-                cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
-            out[i] = rank_candidates(cands, list(range(len(lens))), True)
-        return out  # type: ignore[return-value]
+        spec = self._step_spec(batch[0])
+        use_graphs = opts.cuda_graphs and spec.temperature == 0
+        cvs = [build_canvas(cfg, r.prefix_ids, r.suffix_ids, candidate_lengths(r.sampler.lengths), dev)
+               for r in batch]
+        cv = stack_canvases(cvs, spec.pad_id, bucket_shape if opts.buckets or use_graphs else None)
+        rows = batch_rows(batch, dev).pad_to(cv.ids.shape[0])
+        state = initial_state(cv)
+        stepper: Stepper
+        if use_graphs:
+            stepper = self._graphs_for(cv, spec)
+            stepper.load(cv, state)
+        else:
+            if bool(cv.attn.all()):
+                # no padding anywhere: no attention mask, so SDPA / flash-attn can take their
+                # mask-free kernels (one host check before the loop)
+                cv = cv._replace(attn=None)
+            stepper = (cached_steps(self.model, cv, spec, refresh_every=opts.refresh_every)
+                       if opts.refresh_every > 1 else EagerSteps(self.model, spec))
+        out = run_steps(stepper, cv, state, rows, spec, [r.cancel for r in batch],
+                        vocab_size=cfg.vocab_size)
+        return collect(out, len(batch), spec.terminators)
 
-    def _merge(self, cvs: list[Canvas], pad_id: int, buckets: bool) -> tuple[Canvas, list[int]]:
-        """Pad every request's canvas to one shape and stack the rows.
-        Returns the canvas and each row's request index (-1 for bucket filler rows)."""
-        N = max(c.hole_pos.shape[1] for c in cvs)
-        T = max(c.ids.shape[1] + N - c.hole_pos.shape[1] for c in cvs)
-        L = sum(c.ids.shape[0] for c in cvs)
-        if buckets:
-            Nb = bucket(N, HOLE_BUCKETS)
-            T = bucket(T - N, CTX_BUCKETS) + Nb
-            N = Nb
-        parts = [pad_canvas(c, pad_id, T, N) for c in cvs]
-        owner = [i for i, c in enumerate(cvs) for _ in range(c.ids.shape[0])]
-        cv = Canvas(*(torch.cat(ts, 0) for ts in zip(*parts, strict=True)))
-        if buckets:
-            Lb = bucket(L, ROW_BUCKETS)
-            if Lb > L:
-                cv = pad_canvas(cv, pad_id, T, N, Lb)
-                owner += [-1] * (Lb - L)
-        return cv, owner
-
-    def _graphs_for(self, cv: Canvas, kw: dict[str, Any]) -> _StepGraphs:
+    def _graphs_for(self, cv: Canvas, spec: StepSpec) -> _StepGraphs:
         L, T = cv.ids.shape
         N = cv.hole_pos.shape[1]
-        key = (L, T, N, self.options.refresh_every, tuple(sorted((k, str(v)) for k, v in kw.items())))
+        key = (L, T, N, self.options.refresh_every, spec)
         g = self._graphs.get(key)
         if g is None:
             capture = cv.ids.device.type == "cuda"
             if capture and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            g = _StepGraphs(self.model, self.config, cv, kw, self.options.refresh_every,
-                            self._graph_pool, capture=capture)
+            g = _StepGraphs(self.model, cv, spec, self.options.refresh_every, self._graph_pool,
+                            capture=capture)
             self._graphs[key] = g
         return g
 
@@ -516,7 +425,8 @@ class Engine:
 
 
 class _StepGraphs:
-    """CUDA graphs of one denoising step for one padded shape [L, T] with N slots.
+    """CUDA graphs of one denoising step for one padded shape [L, T] with N slots: the
+    decode loop's :class:`~diffill.model.sampler.Stepper` under ``cuda_graphs``.
 
     Static buffers hold the canvas and the loop state; each graph runs a step and
     writes the new state back into them (and decrements ``steps_left``), so a
@@ -529,40 +439,57 @@ class _StepGraphs:
     the tests check this loop without a GPU.
     """
 
-    def __init__(self, model: Any, cfg: Any, cv: Canvas, kw: dict[str, Any], refresh_every: int,
+    def __init__(self, model: Any, cv: Canvas, spec: StepSpec, refresh_every: int,
                  pool: Any, *, capture: bool = True) -> None:
-        L, N = cv.valid.shape
-        dev = cv.ids.device
-        self.model, self.kw, self.pool = model, kw, pool
+        self.model, self.spec, self.pool = model, spec, pool
         self.refresh_every = refresh_every
         self.cv = Canvas(*(t.clone() for t in cv))
-        self.state = DenoiseState(cv.ids.clone(), cv.valid.clone(), torch.zeros((L, N), device=dev),
-                                  torch.zeros((L,), dtype=torch.long, device=dev))
-        self.steps_left = torch.ones((L,), dtype=torch.long, device=dev)
-        self.cache = (DualCache(model, self.cv, shift=cfg.shift_logits, refresh_every=1 << 30)
+        self.state = initial_state(self.cv)
+        self.steps_left = torch.ones((cv.ids.shape[0],), dtype=torch.long, device=cv.ids.device)
+        self.cache = (DualCache(model, self.cv, shift=spec.shift, refresh_every=1 << 30)
                       if refresh_every > 1 else None)
         self.graphs: dict[bool, Any] = {}
         self.capture = capture
 
-    def load(self, cv: Canvas, state: DenoiseState, steps: int) -> None:
+    def load(self, cv: Canvas, state: DenoiseState) -> None:
         for dst, src in zip(self.cv, cv, strict=True):
             dst.copy_(src)
         for dst, src in zip(self.state, state, strict=True):
             dst.copy_(src)
-        self.steps_left.fill_(steps)
+        self.steps_left.fill_(self.spec.total_steps)
         if self.cache is not None:
             self.cache.rebind(self.cv)
 
-    def freeze_rows(self, rows: list[int]) -> None:
-        if rows:
-            self.state.masked[torch.tensor(rows, device=self.state.masked.device)] = False
+    # -- Stepper ---------------------------------------------------------------------------
+    def step(self, canvas: Canvas, state: DenoiseState, s: int,
+             noise: torch.Tensor | None) -> DenoiseState:
+        """Step ``s`` on the static buffers (``canvas`` / ``state`` are what :meth:`load`
+        copied in; greedy only, so no noise)."""
+        refresh = self.cache is None or s % self.refresh_every == 0
+        if not self.capture:
+            self._body(refresh)
+        else:
+            if not self.graphs:
+                self._capture()
+            self.graphs[refresh].replay()
+        return self.state
 
+    def drop(self, canvas: Canvas, state: DenoiseState,
+             keep: list[int]) -> tuple[Canvas, DenoiseState, list[int]]:
+        """Freeze the rows not in ``keep`` (nothing left masked); every row stays."""
+        kept = set(keep)
+        gone = [r for r in range(self.state.masked.shape[0]) if r not in kept]
+        if gone:
+            self.state.masked[torch.tensor(gone, device=self.state.masked.device)] = False
+        return canvas, self.state, list(range(self.state.masked.shape[0]))
+
+    # -- graphs ----------------------------------------------------------------------------
     def _body(self, refresh: bool) -> None:
         fwd: Any = self.model
         if self.cache is not None:
             self.cache.force_refresh = refresh
             fwd = self.cache
-        new = denoise_step(fwd, self.cv, self.state, self.steps_left, **self.kw)
+        new = denoise_step(fwd, self.cv, self.state, self.steps_left, self.spec)
         for dst, src in zip(self.state, new, strict=True):
             dst.copy_(src)
         self.steps_left.sub_(1)
@@ -584,12 +511,3 @@ class _StepGraphs:
             self.graphs[refresh] = g
         for dst, src in zip([*self.state, self.steps_left], saved, strict=True):
             dst.copy_(src)
-
-    def step(self, s: int) -> None:
-        refresh = self.cache is None or s % self.refresh_every == 0
-        if not self.capture:
-            self._body(refresh)
-            return
-        if not self.graphs:
-            self._capture()
-        self.graphs[refresh].replay()

@@ -8,7 +8,7 @@ the number of steps per bucket from the measurements:
 * context buckets (canvas length without the hole): 256, 512, 1024, 2048;
 * hole buckets (longest candidate length): 8, 16, 32, 64.
 
-Canvases are padded up to their bucket (:func:`pad_canvas`), so shapes repeat
+Canvases are padded up to their bucket (:func:`~diffill.model.sampler.pad_canvas`), so shapes repeat
 -- which CUDA graphs and ``torch.compile`` need -- and a bucket's measurement
 holds for every request in it.
 
@@ -43,14 +43,14 @@ import torch
 
 from .cache import DualCache
 from .sampler import (
-    Canvas,
     DenoiseState,
     SamplerConfig,
     SpecialIds,
-    Strategy,
+    StepSpec,
     build_canvas,
     denoise_step,
     infill,
+    initial_state,
 )
 
 CTX_BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048)
@@ -173,39 +173,6 @@ def describe_plan(plan: StepPlan) -> str:
     return "\n".join(lines)
 
 
-# -- shapes ------------------------------------------------------------------------------------
-
-
-def pad_canvas(cv: Any, pad_id: int, T: int, N: int | None = None, L: int | None = None) -> Any:
-    """Pad a sampler :class:`~diffill.model.sampler.Canvas` to T columns, N slots, L rows.
-
-    New columns are padding (attention mask False). New slots are invalid and
-    sit on fresh padding columns, so ``T`` must leave room: ``T >= T0 + (N - N0)``.
-    New rows hold one real token (so that no attention row is empty) and no valid slot.
-    """
-    L0, T0 = cv.ids.shape
-    N0 = cv.hole_pos.shape[1]
-    N = N0 if N is None else N
-    L = L0 if L is None else L
-    if T < T0 + (N - N0) or N < N0 or L < L0:
-        raise ValueError(f"cannot pad canvas [{L0}, {T0}] with {N0} slots to [{L}, {T}] with {N}")
-    dev = cv.ids.device
-    ids = torch.full((L, T), pad_id, dtype=cv.ids.dtype, device=dev)
-    attn = torch.zeros((L, T), dtype=torch.bool, device=dev)
-    hole_pos = torch.empty((L, N), dtype=torch.long, device=dev)
-    valid = torch.zeros((L, N), dtype=torch.bool, device=dev)
-    ids[:L0, :T0] = cv.ids
-    attn[:L0, :T0] = cv.attn
-    hole_pos[:L0, :N0] = cv.hole_pos
-    valid[:L0, :N0] = cv.valid
-    if N > N0:
-        hole_pos[:L0, N0:] = torch.arange(T0, T0 + N - N0, device=dev)
-    if L > L0:
-        attn[L0:, 0] = True
-        hole_pos[L0:] = torch.arange(T - N, T, device=dev)
-    return Canvas(ids, attn, hole_pos, valid)
-
-
 # -- measuring ---------------------------------------------------------------------------------
 
 
@@ -258,21 +225,19 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
         lengths.append(lengths[-1])
     prefix, suffix = synthetic_request(cfg, ctx)
     cv = build_canvas(cfg, prefix, suffix, lengths, dev)
-    kw = dict(mask_id=sp.mask, pad_id=sp.pad, terminators=sp.terminators, shift=cfg.shift_logits,
-              strategy=Strategy.CONFIDENCE, threshold=math.inf, temperature=0.0, absorb_pad=True)
+    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits)  # greedy, fixed steps
     L, N = cv.valid.shape
 
     def fresh() -> DenoiseState:
-        return DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), device=dev),
-                            torch.zeros((L,), dtype=torch.long, device=dev))
+        return initial_state(cv)
 
-    full = statistics.median(time_ms(lambda: denoise_step(model, cv, fresh(), 2, **kw), dev,
+    full = statistics.median(time_ms(lambda: denoise_step(model, cv, fresh(), 2, spec), dev,
                                      warmup=warmup, repeats=repeats))
     block = full
     if refresh_every > 1:
         fwd = DualCache(model, cv, shift=cfg.shift_logits, refresh_every=1 << 30)
-        denoise_step(fwd, cv, fresh(), 2, **kw)  # the refresh
-        block = statistics.median(time_ms(lambda: denoise_step(fwd, cv, fresh(), 2, **kw), dev,
+        denoise_step(fwd, cv, fresh(), 2, spec)  # the refresh
+        block = statistics.median(time_ms(lambda: denoise_step(fwd, cv, fresh(), 2, spec), dev,
                                           warmup=warmup, repeats=repeats))
     one = statistics.median(time_ms(
         lambda: infill(model, cfg, prefix, suffix, SamplerConfig(steps=1, lengths=tuple(lengths))),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from diffill.model.config import ModelConfig
@@ -14,7 +12,6 @@ from diffill.model.plan import (
     choose,
     describe_plan,
     measure_plan,
-    pad_canvas,
     plan_from_timings,
     predict_ms,
 )
@@ -104,7 +101,14 @@ def _tiny():
 
 
 def test_padded_canvas_gives_the_same_steps():
-    from diffill.model.sampler import DenoiseState, SpecialIds, Strategy, build_canvas, denoise_step
+    from diffill.model.sampler import (
+        SpecialIds,
+        StepSpec,
+        build_canvas,
+        denoise_step,
+        initial_state,
+        pad_canvas,
+    )
 
     model, cfg = _tiny()
     sp = SpecialIds.from_config(cfg)
@@ -114,15 +118,12 @@ def test_padded_canvas_gives_the_same_steps():
     L, T = cv.ids.shape
     N = cv.hole_pos.shape[1]
     pv = pad_canvas(cv, sp.pad, T=T + 9, N=N + 2, L=L + 1)
-    kw = dict(mask_id=sp.mask, pad_id=sp.pad, terminators=sp.terminators, shift=False,
-              strategy=Strategy.CONFIDENCE, threshold=math.inf, temperature=0.0, absorb_pad=True)
-    a = DenoiseState(cv.ids, cv.valid.clone(), torch.zeros(L, N), torch.zeros(L, dtype=torch.long))
-    b = DenoiseState(pv.ids, pv.valid.clone(), torch.zeros(L + 1, N + 2),
-                     torch.zeros(L + 1, dtype=torch.long))
+    spec = StepSpec(sp.mask, sp.pad, sp.terminators, shift=False)  # confidence, fixed, greedy
+    a, b = initial_state(cv), initial_state(pv)
     with torch.inference_mode():
         for s in range(4):
-            a = denoise_step(model, cv, a, 4 - s, **kw)
-            b = denoise_step(model, pv, b, 4 - s, **kw)
+            a = denoise_step(model, cv, a, 4 - s, spec)
+            b = denoise_step(model, pv, b, 4 - s, spec)
     assert torch.equal(a.ids.gather(1, cv.hole_pos), b.ids[:L].gather(1, pv.hole_pos[:L, :N]))
     assert not b.masked.any() and not b.masked[L:].any()
     assert torch.isfinite(b.logp).all()
