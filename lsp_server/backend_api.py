@@ -64,3 +64,7 @@ class Backend(Protocol):
     def describe(self) -> dict[str, Any]:
         """``{"model", "family", "device", ...}`` for status reports."""
         ...
+
+    def warmup(self) -> None:
+        """Called once after loading, before the first request (may take a moment)."""
+        ...

@@ -284,9 +284,7 @@ class HttpFront:
 
         def work() -> Backend:
             backend = loader()
-            warm = getattr(backend, "warmup", None)
-            if warm is not None:
-                warm()
+            backend.warmup()
             return backend
 
         try:
@@ -489,8 +487,6 @@ class HttpFront:
         else:
             status, code = "loading", 503
         desc = self.backend.describe() if self.backend is not None else {}
-        engine = getattr(self.backend, "engine", None)
-        es = engine.stats() if engine is not None and hasattr(engine, "stats") else {}
         body = {
             "status": status,
             "error": self.load_error,
@@ -499,9 +495,9 @@ class HttpFront:
             "queue": self.pending,
             "max_queue": self.config.max_queue,
             "uptime_s": round(time.time() - self.started, 1),
-            "engine_requests": es.get("requests"),
-            "engine_batches": es.get("batches"),
-            "engine_max_batch_requests": es.get("max_batch_requests"),
+            "engine_requests": desc.get("engine_requests"),
+            "engine_batches": desc.get("engine_batches"),
+            "engine_max_batch_requests": desc.get("engine_max_batch_requests"),
             **self.counters,
         }
         return web.json_response(body, status=code)

@@ -173,9 +173,7 @@ class DiffillServer(LanguageServer):
 
             def work() -> Backend:
                 backend = factory(opts.model_path, opts.device, max_steps=opts.max_steps, options=opts)
-                warm = getattr(backend, "warmup", None)
-                if warm is not None:
-                    warm()
+                backend.warmup()
                 return backend
 
             backend = await self.scheduler.call(work)

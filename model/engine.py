@@ -24,21 +24,26 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   and replayed, with no host synchronisation inside the step loop (threshold
   mode reads one flag per step to stop early). Off CUDA the same static-buffer
   loop runs without capture.
-* **Step budget** (:meth:`Engine.measure_plan` or ``plan=``): a request that
-  names no ``steps`` gets the steps (and threshold) that the plan chose for its
-  shape bucket to fit ``latency_budget_ms``.
+* **Step budget** (:attr:`Engine.budget`, a :class:`~diffill.model.plan.StepBudget`):
+  a request that names no ``steps`` gets the steps (and threshold) that the step plan
+  -- measured once at :meth:`Engine.warmup` / :meth:`Engine.measure_plan`, or given as
+  ``plan=``, then frozen -- chose for its shape bucket to fit the latency budget (the
+  request's ``budget_ms``, else the engine's, else the device's default). No plan yet:
+  the sampler's steps. The policy is :mod:`diffill.model.plan`'s.
 
 With the defaults (batching on, everything else off) a request's result is
 the same as :func:`diffill.model.sampler.infill` on its own: both run the sampler's one
 decode loop (:func:`diffill.model.sampler.run_steps`); the engine adds the grouping, the
 shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs).
 
-Candidate hole lengths. When the caller gives none, ``max_tokens`` is turned
-into ``(max_tokens // 4, max_tokens // 2, max_tokens)`` (values < 1 dropped,
-duplicates removed). Because pads inside the hole are trimmed, a candidate
-length is only an upper bound on the middle; three geometrically spaced bounds
-cover a short completion (a few tokens), a line and a small block at a batch of
-three rows, and the sampler ranks them by the model's own score. The hole never
+Candidate hole lengths (the one policy, :func:`default_lengths`). When the caller gives
+none, ``max_tokens`` and the number of distinct middles wanted (``candidates``) are turned
+into ``max(3, candidates)`` lengths halving down from ``max_tokens``: ``(max_tokens // 4,
+max_tokens // 2, max_tokens)`` for up to three candidates (values < 1 dropped, duplicates
+removed), ``max_tokens // 8`` and so on for more. Because pads inside the hole are
+trimmed, a candidate length is only an upper bound on the middle; three geometrically
+spaced bounds cover a short completion (a few tokens), a line and a small block at a batch
+of three rows, and the sampler ranks them by the model's own score. The hole never
 exceeds ``max_tokens``, so neither does the middle.
 
 Context trimming is the caller's job: the engine truncates nothing and raises
@@ -48,6 +53,7 @@ Context trimming is the caller's job: the engine truncates nothing and raises
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import deque
@@ -58,7 +64,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .cache import DualCache, cached_steps
-from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, measure_plan
+from .plan import (
+    CTX_BUCKETS,
+    DEFAULT_MAX_STEPS,
+    HOLE_BUCKETS,
+    NoBucketFits,
+    StepBudget,
+    StepPlan,
+    bucket,
+    measure_plan,
+)
 from .runtime import ensure_cpu_threads
 from .sampler import (
     Canvas,
@@ -84,6 +99,8 @@ from .sampler import (
 if TYPE_CHECKING:  # the loader imports torch-heavy modules; only the type is needed here
     from .loader import LoadedModel
 
+log = logging.getLogger("diffill.engine")
+
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -95,13 +112,16 @@ def bucket_shape(L: int, T: int, N: int) -> tuple[int, int, int]:
     return bucket(L, ROW_BUCKETS), bucket(T - N, CTX_BUCKETS) + Nb, Nb
 
 
-def default_lengths(max_tokens: int) -> tuple[int, ...]:
-    """Candidate hole lengths for a token budget (see module doc)."""
+DEFAULT_CANDIDATES = 3
+
+
+def default_lengths(max_tokens: int, candidates: int = 1) -> tuple[int, ...]:
+    """Candidate hole lengths for a token budget and the number of distinct middles wanted
+    (see module doc): ``max(3, candidates)`` lengths halving down from ``max_tokens``."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    return tuple(
-        candidate_lengths([n for n in (max_tokens // 4, max_tokens // 2, max_tokens) if n >= 1])
-    )
+    count = max(DEFAULT_CANDIDATES, candidates)
+    return tuple(sorted({max_tokens >> i for i in range(count)} - {0}))
 
 
 @dataclass(frozen=True)
@@ -147,13 +167,16 @@ class Engine:
         history: int = 64,
         options: EngineOptions | None = None,
         plan: StepPlan | None = None,
+        budget_ms: float | None = None,
+        max_steps: int = DEFAULT_MAX_STEPS,
     ) -> None:
         self.lm = lm
         # default decoding: the checkpoint's recommended block (config.json decode_block)
         self.sampler = (sampler if sampler is not None
                         else SamplerConfig(block=lm.config.decode_block))
         self.options = options if options is not None else EngineOptions()
-        self.plan = plan
+        #: budget -> steps: the latency budget, the step bounds and the frozen step plan
+        self.budget = StepBudget(self.device.type, budget_ms, max_steps=max_steps, plan=plan)
         self._lock = threading.Lock()  # held while a batch runs on the device
         self._qlock = threading.Lock()
         self._queue: deque[_Slot] = deque()
@@ -204,14 +227,39 @@ class Engine:
         return torch.float32
 
     # -- step budget ---------------------------------------------------------------------
-    def measure_plan(self, budget_ms: float = 25.0, **kw: Any) -> StepPlan:
-        """Measure the step cost of every shape bucket and keep the resulting plan
-        (see :func:`diffill.model.plan.measure_plan`); requests without ``steps`` use it."""
+    @property
+    def plan(self) -> StepPlan | None:
+        """The step plan requests without ``steps`` follow (:attr:`budget`)."""
+        return self.budget.plan
+
+    @plan.setter
+    def plan(self, plan: StepPlan | None) -> None:
+        self.budget.plan = plan
+
+    def measure_plan(self, budget_ms: float | None = None, *, fit: bool | None = None,
+                     **kw: Any) -> StepPlan:
+        """Time the steps of the shape buckets and keep the resulting plan (see
+        :mod:`diffill.model.plan`): every bucket on CUDA, two buckets and a fitted cost model
+        elsewhere (``fit``); requests without ``steps`` follow it from then on."""
+        fit = self.device.type != "cuda" if fit is None else fit
+        kw.setdefault("refresh_every", self.options.refresh_every)
+        kw.setdefault("max_steps", self.budget.max_steps)
+        kw.setdefault("repeats", 2 if fit else 5)
+        kw.setdefault("statistic", min)  # the step's own cost, not the machine's other work
         with self._lock:
-            kw.setdefault("refresh_every", self.options.refresh_every)
-            self.plan = measure_plan(self.model, self.config, budget_ms=budget_ms,
-                                     model_name=str(getattr(self.lm, "path", "")), **kw)
+            self.plan = measure_plan(self.model, self.config, budget_ms=self.budget.budget_ms(budget_ms),
+                                     fit=fit, model_name=str(getattr(self.lm, "path", "")), **kw)
         return self.plan
+
+    def warmup(self) -> StepPlan | None:
+        """Measure the step plan (:meth:`measure_plan` with its defaults); its first calls
+        pay the first call's overheads too. Returns the plan, or None for a model too small
+        for the smallest shape bucket (requests then take the sampler's steps)."""
+        try:
+            return self.measure_plan()
+        except NoBucketFits as e:
+            log.warning("no step plan: %s; requests without steps take %d", e, self.sampler.steps)
+            return None
 
     # -- requests ------------------------------------------------------------------------
     def make_request(
@@ -221,14 +269,23 @@ class Engine:
         *,
         max_tokens: int = 32,
         lengths: tuple[int, ...] | None = None,
+        candidates: int = 1,
         steps: int | None = None,
+        budget_ms: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
         cancel: Callable[[], bool] | None = None,
     ) -> InfillRequest:
-        """Validate and resolve defaults; raises ValueError for a bad request."""
+        """Validate and resolve defaults; raises ValueError for a bad request.
+
+        Hole lengths: ``lengths``, else :func:`default_lengths` of ``max_tokens`` and
+        ``candidates``. Steps: ``steps``, else the step plan's for the request's shapes and
+        ``budget_ms`` (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
+        ``temperature`` / ``seed`` override the sampler's."""
         lens = (
             tuple(candidate_lengths(lengths))
             if lengths is not None
-            else default_lengths(max_tokens)
+            else default_lengths(max_tokens, candidates)
         )
         cfg = self.config
         total = canvas_length(cfg, len(prefix_ids), len(suffix_ids), max(lens))
@@ -239,11 +296,16 @@ class Engine:
                 "trim the context"
             )
         changes: dict[str, Any] = {"lengths": lens}
+        if temperature is not None:
+            changes["temperature"] = float(temperature)
+        if seed is not None:
+            changes["seed"] = seed
+        planned = None if steps is not None else self.budget.steps_for(
+            total - max(lens), max(lens), budget_ms)
         if steps is not None:
             changes["steps"] = int(steps)
-        elif self.plan is not None:
-            planned, threshold = self.plan.steps_for(total - max(lens), max(lens))
-            changes["steps"] = planned
+        elif planned is not None:
+            changes["steps"], threshold = planned
             if self.sampler.threshold is None:
                 changes["threshold"] = threshold
         sc = dataclasses.replace(self.sampler, **changes)
@@ -256,25 +318,25 @@ class Engine:
         *,
         max_tokens: int = 32,
         lengths: tuple[int, ...] | None = None,
+        candidates: int = 1,
         steps: int | None = None,
+        budget_ms: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
         cancel: Callable[[], bool] | None = None,
     ) -> list[Infill]:
         """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
 
         ``lengths`` (candidate hole lengths) overrides the ones derived from
-        ``max_tokens``; ``steps`` overrides the engine's default step count (and the
-        step plan's choice).
+        ``max_tokens`` and ``candidates``; ``steps`` overrides the step plan's choice for
+        ``budget_ms`` (and the sampler's default). See :meth:`make_request`.
 
         Raises ValueError (bad request, canvas too long) or
         :class:`~diffill.model.sampler.InfillCancelled`.
         """
         req = self.make_request(
-            prefix_ids,
-            suffix_ids,
-            max_tokens=max_tokens,
-            lengths=lengths,
-            steps=steps,
-            cancel=cancel,
+            prefix_ids, suffix_ids, max_tokens=max_tokens, lengths=lengths, candidates=candidates,
+            steps=steps, budget_ms=budget_ms, temperature=temperature, seed=seed, cancel=cancel,
         )
         return self.submit(req)
 
@@ -406,6 +468,19 @@ class Engine:
         return g
 
     # -- stats ---------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The model, the device and the step budget, for status reports."""
+        es = self.stats()
+        return {
+            "model": str(getattr(self.lm, "path", "")),
+            "family": self.config.family,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            **self.budget.summary(),
+            **{f"engine_{k}": es[k] for k in ("requests", "completed", "cancelled", "batches",
+                                               "max_batch_requests")},
+        }
+
     def stats(self) -> dict[str, Any]:
         """Request counts, batches and latencies (seconds) of recent completed requests."""
         with self._stats_lock:

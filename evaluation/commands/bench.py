@@ -27,7 +27,7 @@ from typing import Any
 from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
 from ...model.engine import Engine, EngineOptions
 from ...model.loader import DTYPES
-from ...model.plan import describe_plan, measure_plan
+from ...model.plan import StepBudget, describe_plan, measure_plan
 from ...model.runtime import resolve_device
 from ...model.sampler import SamplerConfig
 from .. import bench
@@ -78,7 +78,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "corpus build's heldout.jsonl)")
     p.add_argument("--plan", action="store_true",
                    help="also measure the step plan (steps per shape bucket for --budget-ms)")
-    p.add_argument("--budget-ms", type=float, default=25.0)
+    p.add_argument("--budget-ms", type=float, default=None,
+                   help="latency budget for --plan (default: the device's, 25 ms on a GPU, "
+                        "200 ms on a CPU)")
     p.add_argument("--json", default=None, metavar="FILE", help="write all results as JSON")
     p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of latency vs steps")
     p.add_argument("--quick", action="store_true", help="tiny grid for CI smoke runs")
@@ -141,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     opts.kernel_shapes = _kernel_shapes(args, bm.config.vocab_size, opts)
     result = bench.run_bench(bm, opts, log=log)
     if args.plan:
-        plan = measure_plan(bm.model, bm.config, budget_ms=args.budget_ms,
+        budget = StepBudget(bm.device.type, args.budget_ms)  # None: the device's default
+        plan = measure_plan(bm.model, bm.config, budget_ms=budget.budget_ms(),
                             ctx_buckets=opts.ctx, hole_buckets=opts.holes,
                             refresh_every=max(opts.refresh), repeats=max(2, opts.repeats // 2),
                             model_name=bm.name)

@@ -163,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     )
     front = HttpFront(
         options, config,
-        loader=lambda: load_local_backend(options.model_path, options.device, max_steps=options.max_steps),
+        loader=lambda: load_local_backend(options.model_path, options.device, max_steps=options.max_steps,
+                                          options=options),
     )
     def ready(url: str) -> None:
         print(f"diffill serve-http: listening on {url}", file=sys.stderr, flush=True)

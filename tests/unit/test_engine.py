@@ -66,8 +66,38 @@ def test_default_lengths():
     assert default_lengths(3) == (1, 3)
     assert default_lengths(1) == (1,)
     assert default_lengths(5) == (1, 2, 5)
+    # the number of distinct middles wanted: at least three lengths, more for more
+    assert default_lengths(32, 1) == default_lengths(32, 2) == default_lengths(32, 3) == (8, 16, 32)
+    assert default_lengths(32, 5) == (2, 4, 8, 16, 32)
+    assert default_lengths(32, 16) == (1, 2, 4, 8, 16, 32)  # max_tokens runs out first
+    assert default_lengths(3, 3) == (1, 3)
     with pytest.raises(ValueError):
         default_lengths(0)
+
+
+def test_engine_steps_come_from_its_step_budget():
+    lm = make_lm(max_pos=512)
+    eng = Engine(lm, SamplerConfig(steps=6))
+    assert eng.plan is None and eng.budget.budget_ms() == 200.0  # CPU default, nothing measured
+    assert eng.make_request([4, 5], [6], max_tokens=8).sampler.steps == 6  # no plan: the sampler's
+    plan = eng.warmup()  # first-call overheads, then the plan: two buckets timed, the rest fitted
+    assert eng.plan is plan and plan.budget_ms == 200.0 and plan.max_steps == 16
+    sources = [t.source for t in plan.timings]
+    assert sources.count("measured") == 2 and len(sources) == 4  # ctx 256 x holes 8..64 fit 512
+    req = eng.make_request([4, 5], [6], max_tokens=8)
+    assert (req.sampler.steps, req.sampler.threshold) == plan.steps_for(3, 8)
+    tight = eng.make_request([4, 5], [6], max_tokens=8, budget_ms=1e-3)  # nothing fits: min_steps
+    assert tight.sampler.steps == 1
+    assert eng.make_request([4, 5], [6], max_tokens=8, steps=3, budget_ms=1e-3).sampler.steps == 3
+    assert eng.make_request([4, 5], [6], max_tokens=32, candidates=5).sampler.lengths == (2, 4, 8, 16, 32)
+    sampled = eng.make_request([4, 5], [6], temperature=0.7, seed=3).sampler
+    assert (sampled.temperature, sampled.seed) == (0.7, 3)
+    desc = eng.describe()
+    assert desc["latency_budget_ms"] == 200.0 and desc["step_plan"]["fitted"] == 2
+    assert Engine(lm, budget_ms=40.0, max_steps=4).describe()["latency_budget_ms"] == 40.0
+    small = Engine(make_lm(max_pos=64), SamplerConfig(steps=6))  # below the smallest bucket
+    assert small.warmup() is None and small.plan is None
+    assert small.make_request([4, 5], [6], max_tokens=8).sampler.steps == 6
 
 
 def test_infill_matches_sampler_and_counts():

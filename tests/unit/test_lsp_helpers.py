@@ -7,7 +7,7 @@ import asyncio
 import threading
 
 import pytest
-from diffill.lsp_server.backends import Cancelled, spread_lengths
+from diffill.lsp_server.backends import Cancelled
 from diffill.lsp_server.completer import Suggestion
 from diffill.lsp_server.encoding import (
     LineIndex,
@@ -201,12 +201,6 @@ def test_percentiles_and_stats():
     assert (summary["last_ms"], summary["last_model_ms"], summary["cache_hits"]) == (20.0, 8.0, 0)
 
 
-def test_spread_lengths():
-    assert spread_lengths(32, 1) is None
-    assert spread_lengths(32, 3) == (8, 16, 32)
-    assert spread_lengths(3, 3) == (3,)
-
-
 # -- logging ----------------------------------------------------------------------------------
 
 def test_pygls_log_records_never_carry_buffers():
@@ -234,7 +228,7 @@ def test_pygls_log_records_never_carry_buffers():
     assert "<DidOpenTextDocumentParams redacted>" in out and "id 7 method textDocument/completion" in out
 
 
-# -- LocalBackend step choice (mock engine: control flow only) ----------------------------------
+# -- LocalBackend over an InfillEngine (fake engine: control flow only) ------------------------
 
 class _FakeTok:
     def encode_batch(self, texts):
@@ -245,19 +239,32 @@ class _FakeTok:
 
 
 class _FakeEngine:
-    def __init__(self, plan=None):
-        from diffill.model.sampler import SamplerConfig
+    """Implements :class:`diffill.lsp_server.backends.InfillEngine`; records the calls."""
 
-        self.plan = plan
-        self.sampler = SamplerConfig(steps=8)
+    def __init__(self, max_positions: int = 512) -> None:
+        from diffill.model.config import ModelConfig
+
         self.tokenizer = _FakeTok()
-        self.calls = []
+        self.config = ModelConfig(family="diffill", vocab_size=256, hidden_size=8,
+                                  intermediate_size=8, num_layers=1, num_heads=1, num_kv_heads=1,
+                                  head_dim=8, mask_token_id=3, pad_token_id=2, eos_token_id=1,
+                                  bos_token_id=0, max_position_embeddings=max_positions)
+        self.calls: list[dict] = []
+        self.warmed = 0
 
-    def infill(self, prefix_ids, suffix_ids, *, max_tokens, lengths=None, steps=None, cancel=None):
+    def infill(self, prefix_ids, suffix_ids, *, max_tokens, candidates=1, steps=None,
+               budget_ms=None, temperature=None, seed=None, cancel=None):
         from diffill.model.sampler import Infill
 
-        self.calls.append({"steps": steps, "lengths": lengths})
+        self.calls.append({"max_tokens": max_tokens, "candidates": candidates, "steps": steps,
+                           "budget_ms": budget_ms, "temperature": temperature, "seed": seed})
         return [Infill(ids=[ord("x")], length=max_tokens, score=0.0, steps=steps or 4)]
+
+    def warmup(self):
+        self.warmed += 1
+
+    def describe(self):
+        return {"model": "fake", "device": "cpu", "latency_budget_ms": 200.0}
 
 
 def _ctx():
@@ -266,41 +273,63 @@ def _ctx():
     return build_context("a = \n", 4, _FakeTok().encode_batch, budget=64)
 
 
-def test_local_backend_steps_from_plan_or_timer():
+def test_local_backend_leaves_steps_to_the_engine():
     from diffill.lsp_server.backends import LocalBackend
-    from diffill.model.plan import BucketTiming, plan_from_timings
 
-    timings = [BucketTiming(ctx=256, hole=h, rows=3, full_ms=2.0, block_ms=2.0) for h in (8, 16, 32, 64)]
-    eng = _FakeEngine(plan_from_timings(timings, 25.0, max_steps=16))
+    eng = _FakeEngine()
     b = LocalBackend(eng, step_delay_s=0)
     out = b.infill(_ctx(), n=1, max_tokens=16, latency_budget_ms=10.0)
-    assert [c.text for c in out] == ["x"]
-    assert eng.calls[-1]["steps"] is None  # the engine's plan decides...
-    assert eng.plan.budget_ms == 10.0  # ...re-derived for the new budget
-    assert all(c.predicted_ms <= 10.0 or c.over_budget for c in eng.plan.choices)
-    b.infill(_ctx(), n=3, max_tokens=16, steps=5)
-    assert eng.calls[-1] == {"steps": 5, "lengths": (4, 8, 16)}  # explicit steps win
-
-    eng2 = _FakeEngine()  # no plan: running ms/step estimate
-    b2 = LocalBackend(eng2, step_delay_s=0, max_steps=16)
-    b2.timer.observe(40.0, 4)  # 10 ms per step
-    b2.infill(_ctx(), n=1, max_tokens=16, latency_budget_ms=30.0)
-    assert eng2.calls[-1]["steps"] == 3
-    # no budget anywhere: the device's default (the fake engine has no device: CPU, 200 ms)
-    assert b2.budget_ms() == 200.0
-    b2.infill(_ctx(), n=1, max_tokens=16)
-    assert eng2.calls[-1]["steps"] == 16  # 200 ms / 10 ms = 20 steps, capped at max_steps
-    b3 = LocalBackend(_FakeEngine(), step_delay_s=0, latency_budget_ms=50.0)
-    b3.timer.observe(40.0, 4)
-    b3.infill(_ctx(), n=1, max_tokens=16)
-    assert b3.engine.calls[-1]["steps"] == 5 and b3.budget_ms(12.0) == 12.0  # the request's wins
+    assert [(c.text, c.steps) for c in out] == [("x", 4)]
+    # no steps: the engine's step budget decides, for the request's budget
+    assert eng.calls[-1] == {"max_tokens": 16, "candidates": 1, "steps": None, "budget_ms": 10.0,
+                             "temperature": None, "seed": None}
+    b.infill(_ctx(), n=3, max_tokens=16, steps=5)  # explicit steps win; no budget: the engine's
+    assert eng.calls[-1] == {"max_tokens": 16, "candidates": 3, "steps": 5, "budget_ms": None,
+                             "temperature": None, "seed": None}
+    b.infill(_ctx(), n=1, max_tokens=16, temperature=0.5, seed=7)
+    assert (eng.calls[-1]["temperature"], eng.calls[-1]["seed"]) == (0.5, 7)
+    b.infill(_ctx(), n=1, max_tokens=16, temperature=0.0, seed=7)  # greedy: no seed needed
+    assert (eng.calls[-1]["temperature"], eng.calls[-1]["seed"]) == (None, None)
+    b.warmup()
+    assert eng.warmed == 1
+    assert b.describe() == {"backend": "local", "model": "fake", "device": "cpu",
+                            "latency_budget_ms": 200.0, "model_calls": 4}
+    assert b.max_context_tokens(32) == 512 - 32 - 2
 
 
-def test_default_latency_budget_by_device():
-    from diffill.lsp_server.options import default_latency_budget_ms
+def test_local_backend_steps_do_not_drift_with_load():
+    """The same request gets the same steps however slow the previous ones were: the
+    engine's plan is frozen at warm-up (issue 19: no server-wide running average)."""
+    from pathlib import Path
 
-    assert default_latency_budget_ms("cuda") == 25.0 and default_latency_budget_ms("cpu") == 200.0
-    assert default_latency_budget_ms("mps") == 25.0  # other accelerators: the GPU target
+    import torch
+    from diffill.lsp_server.backends import LocalBackend
+    from diffill.model.engine import Engine
+    from diffill.model.loader import LoadedModel
+    from diffill.model.plan import BucketTiming, plan_from_timings
+    from diffill.model.transformer import Transformer
+
+    cfg = _FakeEngine().config.replace(hidden_size=16, intermediate_size=32, num_heads=2,
+                                       num_kv_heads=1, head_dim=8)
+    model = Transformer(cfg)
+    model.init_weights(seed=0, std=0.3)
+    lm = LoadedModel(model=model.eval(), tokenizer=_FakeTok(), config=cfg, path=Path("."),
+                     provenance={}, device=torch.device("cpu"), dtype=torch.float32)
+    timings = [BucketTiming(ctx=256, hole=h, rows=3, full_ms=4.0, block_ms=4.0) for h in (8, 16, 32, 64)]
+    eng = Engine(lm, plan=plan_from_timings(timings, 30.0))
+    ctx = _ctx()
+
+    def planned() -> int:
+        return eng.make_request(ctx.prefix_ids, ctx.suffix_ids, max_tokens=16).sampler.steps
+
+    fast = LocalBackend(eng, step_delay_s=0)
+    slow = LocalBackend(eng, step_delay_s=0.02)  # every step 20 ms slower: a loaded machine
+    assert planned() == 7  # 7 x 4 ms fit 30 ms; 8 would not
+    before = fast.infill(ctx, n=1, max_tokens=16)
+    for _ in range(3):
+        slow.infill(ctx, n=1, max_tokens=16)
+    assert fast.infill(ctx, n=1, max_tokens=16) == before and planned() == 7
+    assert eng.plan.budget_ms == 30.0  # nothing re-planned
 
 
 # -- token healing (mock backend: control flow only) ---------------------------------------------
