@@ -1,7 +1,7 @@
 """Run untrusted generated code: ``prompt + completion + suffix + test + check(entry_point)``.
 
 Each program runs in a fresh subprocess, in layers (each one reported by
-:meth:`Sandbox.isolation` and tested on its own in ``tests/unit/test_sandbox.py``):
+:meth:`Sandbox.isolation` and tested on its own in ``tests/unit/evaluation/test_sandbox.py``):
 
 1. ``sys.executable -I -S``: isolated mode, no ``site`` (stdlib only), an empty environment
    except a minimal ``PATH`` / ``HOME`` / ``TMPDIR``, and a private temporary directory as

@@ -641,7 +641,7 @@ class Trainer:
 # --------------------------------------------------------------------------- micro model
 
 # Micro model: tuned so that it memorises the micro corpus (exact line recall through
-# the sampler, tests/unit/test_learning.py) in few steps: FIM rows only, 48 rows per
+# the sampler, tests/unit/training/test_train_learning.py) in few steps: FIM rows only, 48 rows per
 # step (fewer, larger steps memorise faster per second than many small ones), a high
 # learning rate (9/10 exact lines at 600, 800 and 1000 steps when tuned).
 MICRO_TRAIN = TrainConfig(

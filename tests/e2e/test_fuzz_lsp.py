@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -34,17 +33,6 @@ FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
 PARSE, INVALID_REQUEST, NOT_FOUND, INVALID_PARAMS, NOT_INITIALIZED = (
     -32700, -32600, -32601, -32602, -32002)
 SMALL = "def add_numbers(a, b):\n    total = a + b\n    return total\n"
-
-
-@pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
 
 
 def start(model_dir: Path, tmp: Path, *, extra_env: dict[str, str] | None = None) -> RawClient:
@@ -349,7 +337,6 @@ def test_ten_megabyte_document_is_cut_to_the_budget(server: RawClient, model_dir
               f"{len(small)}-char doc holding the same window "
               f"{statistics.median(timings['small']) * 1000:.1f} ms, 10 MB doc "
               f"{statistics.median(timings['big']) * 1000:.1f} ms, ratio {ratio:.2f}")
-
 
 
 def test_tcp_transport_has_the_same_framing(model_dir: Path, tmp_path: Path):

@@ -15,7 +15,6 @@ unless a debug option says so.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
@@ -45,17 +44,6 @@ sys.exit(main())
 """
 
 OPTIONS = {"diffill": {"steps": 2, "maxTokens": 8, "numCandidates": 2}}
-
-
-@pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
 
 
 def guarded(args: list[str], tmp: Path) -> tuple[RawClient, Path]:

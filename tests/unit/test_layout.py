@@ -153,3 +153,25 @@ def test_import_contracts(tmp_path: Path):
     assert "BROKEN" not in out.stdout and "3 kept, 0 broken" in out.stdout
     analysed = re.search(r"Analyzed (\d+) files", out.stdout)
     assert analysed and int(analysed.group(1)) == len(source_files())  # the staged copy, whole
+
+
+def test_unit_tests_mirror_the_modules():
+    """``tests/unit/<folder>/[<sub>/]test_<module>[_<aspect>].py`` tests ``<folder>/[<sub>/]<module>.py``
+    (``tests/unit/test_*.py``: the root package and the floor plan)."""
+    unit = ROOT / "tests" / "unit"
+    folders = {Path(folder).name: ROOT / folder for folder in PACKAGE_DIR.values()}
+    bad = []
+    for test in sorted(unit.rglob("test_*.py")):
+        rel = test.relative_to(unit)
+        if len(rel.parts) == 1:
+            continue
+        top, *sub = rel.parts[:-1]
+        src = folders.get(top)
+        if src is None:
+            bad.append(str(rel))
+            continue
+        modules = {p.stem for p in src.joinpath(*sub).glob("*.py")} - {"__init__"}
+        stem = test.stem.removeprefix("test_")
+        if not any(stem == m or stem.startswith(m + "_") for m in modules):
+            bad.append(str(rel))
+    assert bad == []

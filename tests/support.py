@@ -1,4 +1,10 @@
-"""Tiny checkpoint folders for loader tests (no downloads).
+"""Test support shared by every test folder (``tests/`` is on ``sys.path``: the root
+``conftest.py`` lives there): paths, the one tiny-model builder and tiny checkpoint
+folders (no downloads). ``conftest.py`` wraps them in fixtures.
+
+``tiny_config`` / ``tiny_model`` / ``tiny_lm``: a small random diffill Transformer (its
+config, the model, or a :class:`~diffill.model.loader.LoadedModel` around it); tests pass
+the config changes they need (vocabulary, special ids, positions, logit shift).
 
 ``write_tokenizer`` builds a word-level tokenizer in code: four special tokens
 (``<|bos|>``, ``<|eos|>``, ``<|pad|>``, ``<|mask|>`` by default, ids 0..3) and
@@ -15,10 +21,14 @@ from typing import Any
 import msgspec
 import torch
 from diffill.model.config import DiffillDialect, ModelConfig
+from diffill.model.loader import LoadedModel
 from diffill.model.transformer import Transformer
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+FIXTURES = TESTS / "fixtures"
 SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|mask|>")
 
 
@@ -58,6 +68,28 @@ def tiny_config(**changes: Any) -> ModelConfig:
         max_position_embeddings=256,
     )
     return cfg.replace(**changes)
+
+
+def tiny_model(seed: int | None = 0, *, std: float = 0.3, weak_pad: bool = False,
+               **changes: Any) -> tuple[Transformer, ModelConfig]:
+    """A random Transformer of ``tiny_config(**changes)`` in eval mode, weights drawn with
+    ``init_weights(std, seed)`` (large ``std``: peaked, input-dependent predictions).
+    ``weak_pad``: pad and EOS embeddings halved, so that middles are not all empty."""
+    cfg = tiny_config(**changes)
+    model = Transformer(cfg)
+    model.init_weights(std=std, seed=seed)
+    if weak_pad:
+        with torch.no_grad():
+            model.embed_tokens.weight[[cfg.pad_token_id, cfg.eos_token_id]] *= 0.5
+    return model.eval(), cfg
+
+
+def tiny_lm(seed: int | None = 0, *, std: float = 0.3, weak_pad: bool = False,
+            tokenizer: Any = None, **changes: Any) -> LoadedModel:
+    """:func:`tiny_model` as the loader returns a model (CPU, fp32)."""
+    model, cfg = tiny_model(seed, std=std, weak_pad=weak_pad, **changes)
+    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, path=Path("."), provenance={},
+                       device=torch.device("cpu"), dtype=torch.float32)
 
 
 def write_diffill_checkpoint(

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from diffill.cli import main as cli_main
 from diffill.lsp_server.commands.complete import InputError, position_offset
-
-
-@pytest.fixture()
-def model_dir(micro_model_dir) -> Path:
-    return Path(micro_model_dir)
 
 
 def test_positions_are_one_based():

@@ -10,34 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 from diffill.model.cache import infill_cached
-from diffill.model.config import ModelConfig
 from diffill.model.engine import Engine, EngineOptions
 from diffill.model.loader import LoadedModel
 from diffill.model.plan import BucketTiming, plan_from_timings
 from diffill.model.sampler import InfillCancelled, SamplerConfig, Strategy, infill
 from diffill.model.transformer import Transformer
+from support import tiny_lm
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 V = 53
 
 
 def make_lm(shift: bool = False, seed: int = 0) -> LoadedModel:
-    cfg = ModelConfig(family="diffill", vocab_size=V, hidden_size=32, intermediate_size=64,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
-                      tie_embeddings=True, mask_token_id=3, pad_token_id=2, eos_token_id=1,
-                      bos_token_id=0, shift_logits=shift, max_position_embeddings=512)
-    model = Transformer(cfg)
-    model.init_weights(std=0.3, seed=seed)
-    return LoadedModel(model=model.eval(), tokenizer=None, config=cfg, path=Path("."),
-                       provenance={}, device=torch.device("cpu"), dtype=torch.float32)
+    return tiny_lm(seed, vocab_size=V, shift_logits=shift, max_position_embeddings=512)
 
 
 def prompts(n: int, seed: int = 0) -> list[tuple[list[int], list[int], tuple[int, ...]]]:

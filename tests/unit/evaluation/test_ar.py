@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import torch
 from diffill.evaluation.ar import generate, generate_reference, prefill
-from diffill.model.config import ModelConfig
 from diffill.model.transformer import KVContext, Transformer
+from support import tiny_model
 
 
 def _model(seed: int = 0, **kw) -> Transformer:
-    cfg = ModelConfig(family="diffill", vocab_size=97, hidden_size=48, intermediate_size=96,
-                      num_layers=3, num_heads=6, num_kv_heads=2, head_dim=8, qk_norm=True,
-                      tie_embeddings=True, mask_token_id=3, pad_token_id=2, eos_token_id=1,
-                      bos_token_id=0)
-    cfg = cfg.replace(**kw)
-    m = Transformer(cfg)
-    m.init_weights(seed=seed, std=0.2)  # large weights: peaked, input-dependent predictions
-    return m.eval()
+    model, _ = tiny_model(seed, std=0.2,  # large weights: peaked, input-dependent predictions
+                          vocab_size=97, hidden_size=48, intermediate_size=96, num_layers=3,
+                          num_heads=6, max_position_embeddings=4096, **kw)
+    return model
 
 
 def test_kv_cached_decoding_equals_full_recompute():

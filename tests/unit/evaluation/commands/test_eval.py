@@ -17,24 +17,7 @@ from diffill.evaluation.tasks import (
     write_samples,
     write_tasks,
 )
-
-try:
-    from ._checkpoints import write_diffill_checkpoint
-except ImportError:  # tests/unit is not a package
-    from _checkpoints import write_diffill_checkpoint
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-
-
-@pytest.fixture()
-def model_dir(request, tmp_path_factory) -> Path:
-    """The trained micro model when the fixture exists, else a random tiny checkpoint."""
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        folder = tmp_path_factory.mktemp("random_ckpt")
-        write_diffill_checkpoint(folder)
-        return folder
+from support import FIXTURES
 
 
 @pytest.fixture()

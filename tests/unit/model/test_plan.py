@@ -1,10 +1,8 @@
-"""Step budget: the chooser on synthetic timings, the JSON plan, canvas padding."""
+"""Step budget: the chooser on synthetic timings, the JSON plan, measuring, the budget owner."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-from diffill.model.config import ModelConfig
 from diffill.model.plan import (
     BucketTiming,
     StepBudget,
@@ -20,6 +18,7 @@ from diffill.model.plan import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import tiny_model
 
 
 def test_bucket():
@@ -92,46 +91,7 @@ def test_plan_json_round_trip_lookup_and_description():
 
 
 def _tiny():
-    from diffill.model.transformer import Transformer
-
-    cfg = ModelConfig(family="diffill", vocab_size=50, hidden_size=32, intermediate_size=64,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
-                      tie_embeddings=True, mask_token_id=3, pad_token_id=2, eos_token_id=1,
-                      bos_token_id=0, max_position_embeddings=300)
-    m = Transformer(cfg)
-    m.init_weights(seed=0, std=0.3)
-    return m.eval(), cfg
-
-
-def test_padded_canvas_gives_the_same_steps():
-    from diffill.model.sampler import (
-        SpecialIds,
-        StepSpec,
-        build_canvas,
-        denoise_step,
-        initial_state,
-        pad_canvas,
-    )
-
-    model, cfg = _tiny()
-    sp = SpecialIds.from_config(cfg)
-    g = torch.Generator().manual_seed(0)
-    cv = build_canvas(cfg, torch.randint(4, 50, (7,), generator=g).tolist(),
-                      torch.randint(4, 50, (5,), generator=g).tolist(), [6, 3])
-    L, T = cv.ids.shape
-    N = cv.hole_pos.shape[1]
-    pv = pad_canvas(cv, sp.pad, T=T + 9, N=N + 2, L=L + 1)
-    spec = StepSpec(sp.mask, sp.pad, sp.terminators, shift=False)  # confidence, fixed, greedy
-    a, b = initial_state(cv), initial_state(pv)
-    with torch.inference_mode():
-        for s in range(4):
-            a = denoise_step(model, cv, a, 4 - s, spec)
-            b = denoise_step(model, pv, b, 4 - s, spec)
-    assert torch.equal(a.ids.gather(1, cv.hole_pos), b.ids[:L].gather(1, pv.hole_pos[:L, :N]))
-    assert not b.masked.any() and not b.masked[L:].any()
-    assert torch.isfinite(b.logp).all()
-    with pytest.raises(ValueError):
-        pad_canvas(cv, sp.pad, T=T, N=N + 1)
+    return tiny_model(0, vocab_size=50, max_position_embeddings=300)
 
 
 def test_measure_plan_on_a_tiny_model():

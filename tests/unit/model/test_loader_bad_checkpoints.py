@@ -14,11 +14,7 @@ from diffill.model import CheckpointError, ConfigError, load_model
 from diffill.model import loader as loader_mod
 from diffill.model.tokenizer import TokenizerError
 from safetensors.torch import load_file, save_file
-
-try:
-    from ._checkpoints import make_tokenizer, write_diffill_checkpoint
-except ImportError:  # tests/unit is not a package
-    from _checkpoints import make_tokenizer, write_diffill_checkpoint
+from support import make_tokenizer, write_diffill_checkpoint
 
 
 @pytest.fixture()

@@ -11,6 +11,7 @@ from diffill.lsp_server.options import (
     merge_options,
     options_from,
 )
+from support import ROOT
 
 
 def test_wire_names_are_camel_case():
@@ -86,11 +87,10 @@ def test_vscode_settings_are_server_options():
     line) is forwarded under a wire name the server accepts, with the server's bounds."""
     import json
     import re
-    from pathlib import Path
 
     from diffill.lsp_server.options import WIRE_NAMES
 
-    root = Path(__file__).resolve().parents[2] / "editors" / "vscode"
+    root = ROOT / "editors" / "vscode"
     props = json.loads((root / "package.json").read_text())["contributes"]["configuration"]["properties"]
     declared = {k.removeprefix("diffill.") for k in props} - {"serverCommand"}
     src = (root / "src" / "options.ts").read_text()

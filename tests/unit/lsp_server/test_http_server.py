@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import msgspec
 import pytest
 import pytest_asyncio
-import torch
 from aiohttp.test_utils import TestClient, TestServer
 from diffill.lsp_server.backends import LocalBackend, load_local_backend
 from diffill.lsp_server.completer import Completer
@@ -33,23 +31,7 @@ SUFFIX = "\n\n\ndef greet_user(name):\n    message = \"hello \" + name\n"
 OPTS = CompletionOptions(steps=2)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

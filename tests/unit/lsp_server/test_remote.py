@@ -20,7 +20,6 @@ from pathlib import Path
 import msgspec
 import pytest
 import pytest_asyncio
-import torch
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from diffill.lsp_server.backends import BackendError, Cancelled, load_local_backend
@@ -45,23 +44,7 @@ DOCS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def ctx_for(prefix: str, suffix: str = ""):

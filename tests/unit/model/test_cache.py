@@ -5,21 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from diffill.model.cache import DualCache, active_block, context_positions, infill_cached
-from diffill.model.config import ModelConfig
 from diffill.model.sampler import SamplerConfig, Strategy, build_canvas, infill
+from support import tiny_model
 
 
 def _model(seed: int = 0, **kw):
-    from diffill.model.transformer import Transformer
-
-    cfg = ModelConfig(family="diffill", vocab_size=61, hidden_size=32, intermediate_size=64,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
-                      tie_embeddings=True, mask_token_id=3, pad_token_id=2, eos_token_id=1,
-                      bos_token_id=0, max_position_embeddings=256)
-    cfg = cfg.replace(**kw)
-    m = Transformer(cfg)
-    m.init_weights(seed=seed, std=0.3)
-    return m.eval(), cfg
+    return tiny_model(seed, vocab_size=61, **kw)
 
 
 def _ids(g, n):

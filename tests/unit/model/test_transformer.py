@@ -19,11 +19,7 @@ import torch
 from diffill.model import load_model
 from diffill.model.attention import use_backend
 from safetensors.torch import save_file
-
-try:
-    from ._checkpoints import write_tokenizer
-except ImportError:  # tests/unit is not a package
-    from _checkpoints import write_tokenizer
+from support import write_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

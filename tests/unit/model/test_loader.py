@@ -1,39 +1,24 @@
-"""load_model on diffill's own layout and on hand-written HF/LLaDA-named folders;
-the per-family weight-name mapping; ``diffill info``."""
+"""load_model on diffill's own layout and on hand-written HF/LLaDA-named folders."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from diffill.cli import main as cli_main
 from diffill.model import CheckpointError, LoadedModel, load_model
 from diffill.model import loader as loader_mod
 from diffill.model.config import ModelConfig
 from diffill.model.loader import resolve_dtype
 from diffill.model.transformer import Transformer
-from diffill.model.weights import SKIP, map_name, to_checkpoint_names
+from diffill.model.weights import to_checkpoint_names
 from safetensors.torch import save_file
-
-try:
-    from ._checkpoints import tiny_config, write_diffill_checkpoint, write_tokenizer
-except ImportError:  # tests/unit is not a package
-    from _checkpoints import tiny_config, write_diffill_checkpoint, write_tokenizer
+from support import tiny_config, write_diffill_checkpoint, write_tokenizer
 
 
-@pytest.fixture()
-def ckpt(tmp_path: Path) -> tuple[Path, Transformer]:
-    folder = tmp_path / "ckpt"
-    model = write_diffill_checkpoint(folder, provenance={"corpus": "unit-test", "steps": 3})
-    return folder, model
-
-
-def test_diffill_roundtrip(ckpt):
-    folder, ref = ckpt
+def test_diffill_roundtrip(tiny_ckpt):
+    folder, ref = tiny_ckpt
     lm = load_model(folder)
     assert isinstance(lm, LoadedModel)
     assert lm.path == folder.resolve() and lm.path.is_absolute()
@@ -55,10 +40,10 @@ def test_diffill_roundtrip(ckpt):
         assert torch.equal(lm.model(ids), ref(ids))
 
 
-def test_model_is_built_on_meta_device(ckpt, monkeypatch):
+def test_model_is_built_on_meta_device(tiny_ckpt, monkeypatch):
     """No weight is allocated twice: every Transformer the loader constructs starts
     on the meta device and only receives the checkpoint's own tensors."""
-    folder, _ = ckpt
+    folder, _ = tiny_ckpt
     devices: list[str] = []
 
     class Recording(Transformer):
@@ -91,15 +76,15 @@ def test_untied_diffill_checkpoint(tmp_path):
         ("torch.bfloat16", torch.bfloat16),
     ],
 )
-def test_explicit_dtype(ckpt, dtype, want):
-    lm = load_model(ckpt[0], dtype=dtype)
+def test_explicit_dtype(tiny_ckpt, dtype, want):
+    lm = load_model(tiny_ckpt[0], dtype=dtype)
     assert lm.dtype == want
     assert {p.dtype for p in lm.model.parameters()} == {want}
 
 
-def test_bad_dtype_name(ckpt):
+def test_bad_dtype_name(tiny_ckpt):
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
-        load_model(ckpt[0], dtype="int8")
+        load_model(tiny_ckpt[0], dtype="int8")
 
 
 def test_resolve_dtype_defaults():
@@ -117,14 +102,14 @@ def test_resolve_dtype_defaults():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
-def test_cuda_without_cuda(ckpt):
+def test_cuda_without_cuda(tiny_ckpt):
     with pytest.raises(RuntimeError, match="CUDA is not available"):
-        load_model(ckpt[0], device="cuda")
+        load_model(tiny_ckpt[0], device="cuda")
 
 
-def test_default_path(ckpt, monkeypatch):
-    monkeypatch.setattr(loader_mod, "default_model_path", lambda: ckpt[0])
-    assert load_model().path == ckpt[0].resolve()
+def test_default_path(tiny_ckpt, monkeypatch):
+    monkeypatch.setattr(loader_mod, "default_model_path", lambda: tiny_ckpt[0])
+    assert load_model().path == tiny_ckpt[0].resolve()
 
 
 def test_default_model_path_is_package_data():
@@ -245,124 +230,6 @@ def test_dream_style_config(tmp_path):
         assert torch.equal(lm.model(ids), ref(ids))
 
 
-# --------------------------------------------------------------------------- weights.py
-
-
-def test_map_name_hf():
-    for fam in ("qwen2", "qwen3", "llama"):
-        assert map_name(fam, "model.embed_tokens.weight", tied=False) == "embed_tokens.weight"
-        assert map_name(fam, "model.norm.weight", tied=False) == "norm.weight"
-        assert (
-            map_name(fam, "model.layers.3.self_attn.q_proj.bias", tied=False)
-            == "layers.3.self_attn.q_proj.bias"
-        )
-        assert (
-            map_name(fam, "model.layers.0.self_attn.k_norm.weight", tied=True)
-            == "layers.0.self_attn.k_norm.weight"
-        )
-        assert map_name(fam, "lm_head.weight", tied=False) == "lm_head.weight"
-        assert map_name(fam, "lm_head.weight", tied=True) == SKIP
-        assert map_name(fam, "model.layers.0.self_attn.rotary_emb.inv_freq", tied=False) == SKIP
-        assert map_name(fam, "transformer.h.0.attn.c_attn.weight", tied=False) is None
-
-
-def test_map_name_llada():
-    m = {
-        "model.transformer.wte.weight": "embed_tokens.weight",
-        "model.transformer.ln_f.weight": "norm.weight",
-        "model.transformer.ff_out.weight": "lm_head.weight",
-        "model.transformer.blocks.2.q_proj.weight": "layers.2.self_attn.q_proj.weight",
-        "model.transformer.blocks.2.k_proj.bias": "layers.2.self_attn.k_proj.bias",
-        "model.transformer.blocks.2.attn_out.weight": "layers.2.self_attn.o_proj.weight",
-        "model.transformer.blocks.2.ff_proj.weight": "layers.2.mlp.gate_proj.weight",
-        "model.transformer.blocks.2.up_proj.weight": "layers.2.mlp.up_proj.weight",
-        "model.transformer.blocks.2.ff_out.weight": "layers.2.mlp.down_proj.weight",
-        "model.transformer.blocks.2.attn_norm.weight": "layers.2.input_layernorm.weight",
-        "model.transformer.blocks.2.ff_norm.weight": "layers.2.post_attention_layernorm.weight",
-    }
-    for src, dst in m.items():
-        assert map_name("llada", src, tied=False) == dst, src
-    assert map_name("llada", "model.transformer.ff_out.weight", tied=True) == SKIP
-    assert map_name("llada", "model.transformer.blocks.0.att_proj.weight", tied=False) is None
-
-
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama", "llada", "diffill"])
-@pytest.mark.parametrize("tied", [False, True])
-def test_checkpoint_names_roundtrip(family, tied):
-    cfg = tiny_config(
-        family=family, tie_embeddings=tied, qkv_bias=True, qk_norm=family in ("qwen3", "diffill")
-    )
-    with torch.device("meta"):
-        names = list(Transformer(cfg).state_dict())
-    ckpt_names = to_checkpoint_names(family, names, tied=tied)
-    assert len(set(ckpt_names.values())) == len(names)
-    for ours, theirs in ckpt_names.items():
-        assert map_name(family, theirs, tied=tied) == ours
-
-
-# --------------------------------------------------------------------------- diffill info
-
-
-def test_info_json(ckpt, capsys):
-    rc = cli_main(["info", "--model", str(ckpt[0]), "--json"])
-    assert rc == 0
-    report = json.loads(capsys.readouterr().out)
-    m = report["model"]
-    assert m["family"] == "diffill" and m["path"] == str(ckpt[0].resolve())
-    assert m["architectures"] == ["DiffillForMaskedDiffusion"]
-    assert m["parameters"] == sum(p.numel() for p in ckpt[1].parameters())
-    assert (m["vocab_size"], m["layers"], m["heads"], m["kv_heads"]) == (64, 2, 4, 2)
-    assert m["shift_logits"] is False
-    assert report["runtime"] == {"device": "cpu", "dtype": "float32", "attention_backend": "sdpa"}
-    assert report["special_tokens"]["mask"] == {"id": 3, "token": "<|mask|>"}
-    assert report["special_tokens"]["bos"] == {"id": 0, "token": "<|bos|>"}
-    assert report["provenance"] == {"corpus": "unit-test", "steps": 3}
-
-
-def test_info_text_and_sections(ckpt, capsys, monkeypatch):
-    from diffill.lsp_server.commands import info
-
-    monkeypatch.setattr(
-        info, "SECTIONS", [*info.SECTIONS, ("extra", lambda lm, args: {"answer": 42})]
-    )
-    assert cli_main(["info", "--model", str(ckpt[0])]) == 0
-    out = capsys.readouterr().out
-    for needle in (
-        "[model]",
-        "[runtime]",
-        "[special_tokens]",
-        "[provenance]",
-        "[extra]",
-        "answer",
-        "<|mask|>",
-        "sdpa",
-    ):
-        assert needle in out
-
-
-def test_info_without_provenance_omits_section(tmp_path, capsys):
-    write_diffill_checkpoint(tmp_path)
-    assert cli_main(["info", "--model", str(tmp_path), "--json"]) == 0
-    assert "provenance" not in json.loads(capsys.readouterr().out)
-
-
-def test_info_bad_model(tmp_path, capsys):
-    assert cli_main(["info", "--model", str(tmp_path / "missing")]) == 1
-    err = capsys.readouterr().err
-    assert "diffill info:" in err and "no such folder" in err
-
-
-def test_info_subprocess(ckpt):
-    r = subprocess.run(
-        [sys.executable, "-m", "diffill.cli", "info", "--model", str(ckpt[0]), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["model"]["family"] == "diffill"
-
-
 # --------------------------------------------------------------------------- CUDA (skipped without a GPU)
 
 
@@ -384,10 +251,10 @@ def test_cuda_load_uses_config_dtype(tmp_path):
         assert (fp32.model(ids.cuda()).cpu() - want).abs().max() < 1e-3
 
 
-def test_model_does_not_alias_the_file(ckpt):
+def test_model_does_not_alias_the_file(tiny_ckpt):
     """The loaded weights are private copies: rewriting the safetensors file in place
     (as a new training checkpoint would) leaves the resident model unchanged."""
-    folder, ref = ckpt
+    folder, ref = tiny_ckpt
     lm = load_model(folder)
     path = folder / "model.safetensors"
     data = bytearray(path.read_bytes())

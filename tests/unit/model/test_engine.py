@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 import torch
-from diffill.model.config import ModelConfig
 from diffill.model.engine import Engine, default_lengths
 from diffill.model.loader import LoadedModel
 from diffill.model.sampler import InfillCancelled, SamplerConfig, infill
 from diffill.model.transformer import Transformer
+from support import tiny_lm
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 V = 40
@@ -28,37 +20,8 @@ BOS, EOS, PAD, MASK = 36, 37, 38, 39
 
 
 def make_lm(max_pos: int = 64) -> LoadedModel:
-    cfg = ModelConfig(
-        family="diffill",
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        qk_norm=True,
-        tie_embeddings=True,
-        mask_token_id=MASK,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        bos_token_id=BOS,
-        max_position_embeddings=max_pos,
-    )
-    model = Transformer(cfg)
-    model.init_weights(std=0.4, seed=0)
-    with torch.no_grad():
-        model.embed_tokens.weight[[PAD, EOS]] *= 0.5
-    model.eval()
-    return LoadedModel(
-        model=model,
-        tokenizer=None,
-        config=cfg,
-        path=Path("."),
-        provenance={},
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-    )
+    return tiny_lm(0, std=0.4, weak_pad=True, vocab_size=V, mask_token_id=MASK, pad_token_id=PAD,
+                   eos_token_id=EOS, bos_token_id=BOS, max_position_embeddings=max_pos)
 
 
 def test_default_lengths():

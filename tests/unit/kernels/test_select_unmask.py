@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 from diffill.kernels import select_unmask as su
+from support import tiny_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL_OK = su.triton_usable(DEVICE)
@@ -233,16 +234,8 @@ SAMPLER_SETTINGS = [
 
 
 def _sampler_model(shift: bool):
-    from diffill.model.config import ModelConfig
-    from diffill.model.transformer import Transformer
-
-    cfg = ModelConfig(family="diffill", vocab_size=67, hidden_size=32, intermediate_size=64,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
-                      tie_embeddings=True, mask_token_id=3, pad_token_id=2, eos_token_id=1,
-                      bos_token_id=0, shift_logits=shift, max_position_embeddings=128)
-    m = Transformer(cfg)
-    m.init_weights(seed=7, std=0.3)
-    return m.eval().to(DEVICE), cfg
+    m, cfg = tiny_model(7, vocab_size=67, shift_logits=shift, max_position_embeddings=128)
+    return m.to(DEVICE), cfg
 
 
 def _compare_sampler(impl: str, settings: list[dict] = SAMPLER_SETTINGS) -> None:

@@ -25,16 +25,10 @@ from diffill.model.sampler import (
     infill_reference,
 )
 from diffill.model.transformer import Transformer
+from support import tiny_model
 from torch import nn
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # mock vocabulary: 0..11 ordinary tokens, then the specials
@@ -398,33 +392,11 @@ T_BOS, T_EOS, T_PAD, T_MASK = 36, 37, 38, 39
 
 
 def tiny(shift: bool = False, bos: int | None = T_BOS) -> tuple[Transformer, ModelConfig]:
-    cfg = ModelConfig(
-        family="diffill",
-        vocab_size=TV,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        qk_norm=True,
-        tie_embeddings=True,
-        mask_token_id=T_MASK,
-        pad_token_id=T_PAD,
-        eos_token_id=T_EOS,
-        bos_token_id=bos,
-        shift_logits=shift,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    model = Transformer(cfg)
     # large weights -> peaked distributions (no near-ties between fast and reference);
     # weaker pad/eos rows so that middles are not all empty
-    model.init_weights(std=0.4, seed=1 + shift)
-    with torch.no_grad():
-        model.embed_tokens.weight[[T_PAD, T_EOS]] *= 0.5
-    model.eval()
-    return model, cfg
+    return tiny_model(1 + shift, std=0.4, weak_pad=True, vocab_size=TV, mask_token_id=T_MASK,
+                      pad_token_id=T_PAD, eos_token_id=T_EOS, bos_token_id=bos, shift_logits=shift,
+                      max_position_embeddings=128)
 
 
 def same(a: list[Infill], b: list[Infill]) -> None:
@@ -590,3 +562,37 @@ def test_blocks_candidate_independent_of_batch_mates():
 def test_block_must_be_positive():
     with pytest.raises(ValueError, match="block"):
         SamplerConfig(block=0)
+
+
+# --------------------------------------------------------------------------- canvas padding
+
+
+def test_padded_canvas_gives_the_same_steps():
+    from diffill.model.sampler import (
+        SpecialIds,
+        StepSpec,
+        build_canvas,
+        denoise_step,
+        initial_state,
+        pad_canvas,
+    )
+
+    model, cfg = tiny_model(0, vocab_size=50, max_position_embeddings=300)
+    sp = SpecialIds.from_config(cfg)
+    g = torch.Generator().manual_seed(0)
+    cv = build_canvas(cfg, torch.randint(4, 50, (7,), generator=g).tolist(),
+                      torch.randint(4, 50, (5,), generator=g).tolist(), [6, 3])
+    L, T = cv.ids.shape
+    N = cv.hole_pos.shape[1]
+    pv = pad_canvas(cv, sp.pad, T=T + 9, N=N + 2, L=L + 1)
+    spec = StepSpec(sp.mask, sp.pad, sp.terminators, shift=False)  # confidence, fixed, greedy
+    a, b = initial_state(cv), initial_state(pv)
+    with torch.inference_mode():
+        for s in range(4):
+            a = denoise_step(model, cv, a, 4 - s, spec)
+            b = denoise_step(model, pv, b, 4 - s, spec)
+    assert torch.equal(a.ids.gather(1, cv.hole_pos), b.ids[:L].gather(1, pv.hole_pos[:L, :N]))
+    assert not b.masked.any() and not b.masked[L:].any()
+    assert torch.isfinite(b.logp).all()
+    with pytest.raises(ValueError):
+        pad_canvas(cv, sp.pad, T=T, N=N + 1)

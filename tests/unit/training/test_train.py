@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +21,9 @@ from diffill.training.train import (
     reference_loss,
     train_micro_tokenizer,
 )
+from support import FIXTURES
 
-CORPUS = (Path(__file__).resolve().parent.parent / "fixtures" / "micro_corpus.py").read_text()
+CORPUS = (FIXTURES / "micro_corpus.py").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,6 @@ def test_fim_rows_have_the_sampler_canvas(tok_and_src):
         text = tok.decode(r.ids[1:h0] + hole[:m] + r.ids[h1:-1])
         assert any(text in f for f in files), text
     assert {"midline", "indent", "linestart", "empty"} <= cases
-
 
 
 def test_fim_hole_size_is_mostly_the_tightest_bucket(tok_and_src):

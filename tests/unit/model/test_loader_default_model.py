@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from diffill.model import default_model_path, load_model
-
-ROOT = Path(__file__).resolve().parents[2]
+from support import ROOT
 
 pytestmark = pytest.mark.skipif(
     not (default_model_path() / "config.json").is_file(), reason="no shipped default model"

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from diffill.cli import main
 from diffill.evaluation import bench
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 def test_weight_bytes_counts_each_weight_once():
@@ -90,8 +86,8 @@ def test_cli_bench_quick(tmp_path, capsys):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_lsp_end_to_end_latency(tmp_path):
-    from _checkpoints import tiny_config, write_diffill_checkpoint
     from diffill.evaluation.commands.bench import bench_lsp
+    from support import tiny_config, write_diffill_checkpoint
 
     folder = tmp_path / "ckpt"
     write_diffill_checkpoint(folder, tiny_config(vocab_size=300))
@@ -102,9 +98,9 @@ def test_lsp_end_to_end_latency(tmp_path):
 
 
 def test_cache_quality_on_a_tiny_checkpoint(tmp_path):
-    from _checkpoints import tiny_config, write_diffill_checkpoint
     from diffill.evaluation.commands.bench import cache_quality
     from diffill.model.loader import load_model
+    from support import tiny_config, write_diffill_checkpoint
 
     folder = tmp_path / "ckpt"
     write_diffill_checkpoint(folder, tiny_config(vocab_size=300))
