@@ -1,7 +1,9 @@
-"""Subcommands of the ``diffill`` CLI: one module each (``add_parser`` + ``run``).
+"""The server side's ``diffill`` subcommands: ``complete``, ``serve``, ``serve-http``,
+``info`` (one module each: ``add_parser`` + ``run``, dispatched by :mod:`diffill.cli`).
 
-Shared here (torch-free): the ``--threads`` option of the commands that run the model;
-the decision itself is :mod:`diffill.model.runtime`'s."""
+Shared here (torch-free, also used by the evaluation side's commands): the ``--threads``
+option of the commands that run the model; the decision itself is
+:mod:`diffill.model.runtime`'s."""
 
 from __future__ import annotations
 
