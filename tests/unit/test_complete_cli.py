@@ -5,20 +5,26 @@ budget, the last two on checkpoints whose answer is certain."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import msgspec
 import pytest
 import torch
 from diffill.lsp_server.cli import main as cli_main
-from diffill.lsp_server.commands.complete import EXIT_CODES, InputError, budget_note, position_offset
+from diffill.lsp_server.commands.complete import (
+    EXIT_CODES,
+    InputError,
+    budget_note,
+    position_offset,
+)
 from diffill.model.config import DiffillDialect
 from diffill.model.transformer import Transformer
 from safetensors.torch import save_file
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _checkpoints import tiny_config, write_tokenizer  # noqa: E402
+try:
+    from ._checkpoints import tiny_config, write_tokenizer
+except ImportError:  # tests/unit is not a package
+    from _checkpoints import tiny_config, write_tokenizer
 
 PAD_ID = 2  # tiny_config / write_tokenizer: <|bos|> 0, <|eos|> 1, <|pad|> 2, <|mask|> 3
 W7_ID = 4 + 7  # the word "w7"
