@@ -20,6 +20,8 @@ Exit status (:data:`EXIT_CODES`): 0 a suggestion was printed, 1 nothing to sugge
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import sys
 import time
 from pathlib import Path
@@ -158,6 +160,11 @@ def run(args: argparse.Namespace) -> int:
     if err:
         print(f"diffill complete: {err}", file=sys.stderr)
         return EXIT_USAGE
+    # Exit sooner: the interpreter's last collections walk every object torch created at
+    # import (~0.35 s of a 1.5 s run here); atexit runs before them, and frozen objects are
+    # skipped (stdout and stderr are still flushed). Harmless in a host process too.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     t_import = time.perf_counter()
     configure_threads(args, args.device)  # imports torch
     import diffill.model.engine  # noqa: F401 - the model code: counted in import_s, not load_s

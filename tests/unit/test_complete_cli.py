@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import msgspec
 import pytest
-import torch
 from diffill.lsp_server.cli import main as cli_main
 from diffill.lsp_server.commands.complete import (
     EXIT_CODES,
@@ -17,42 +15,13 @@ from diffill.lsp_server.commands.complete import (
     budget_note,
     position_offset,
 )
-from diffill.model.config import DiffillDialect
-from diffill.model.transformer import Transformer
-from safetensors.torch import save_file
 
 try:
-    from ._checkpoints import tiny_config, write_tokenizer
+    from ._constant_checkpoint import PAD_ID, word_id, write_constant_checkpoint
 except ImportError:  # tests/unit is not a package
-    from _checkpoints import tiny_config, write_tokenizer
+    from _constant_checkpoint import PAD_ID, word_id, write_constant_checkpoint
 
-PAD_ID = 2  # tiny_config / write_tokenizer: <|bos|> 0, <|eos|> 1, <|pad|> 2, <|mask|> 3
-W7_ID = 4 + 7  # the word "w7"
-
-
-def write_constant_checkpoint(folder: Path, token_id: int) -> Path:
-    """A checkpoint that predicts ``token_id`` at every position, whatever the input, on any
-    CPU: every embedding is e0, attention and MLP write nothing (o_proj, down_proj zero), the
-    final norm keeps only dimension 0, and the head maps it to ``token_id`` alone (logit
-    10 * sqrt(hidden), every other logit exactly 0)."""
-    cfg = tiny_config(tie_embeddings=False)
-    with torch.no_grad():
-        model = Transformer(cfg)
-        for p in model.parameters():
-            p.zero_()
-        model.embed_tokens.weight[:, 0] = 1.0
-        for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name.endswith("_norm.weight"):
-                p.fill_(1.0)
-        model.norm.weight[0] = 1.0
-        model.lm_head.weight[token_id, 0] = 10.0
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-              str(folder / "model.safetensors"))
-    dialect = DiffillDialect.from_model_config(cfg, {})
-    (folder / "config.json").write_bytes(msgspec.json.encode(dialect))
-    write_tokenizer(folder, cfg.vocab_size)
-    return folder
+W7_ID = word_id(7)
 
 
 @pytest.fixture(scope="module")
