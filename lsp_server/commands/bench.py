@@ -352,22 +352,24 @@ def first_document(n: int = 8) -> tuple[str, list[tuple[int, int]]]:
 
 
 def first_complete(model: str, file: Path, row: int, col: int, *, device: str = "cpu",
-                   threads: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
+                   threads: int | None = None, timeout: float = 300.0,
+                   env: dict[str, str] | None = None) -> dict[str, Any]:
     """One fresh ``diffill complete --json`` process: wall time from start to exit and the
-    phases it reports (import, model load, warm-up step, completion)."""
+    phases it reports (import, model load, warm-up step, completion; a phase an older
+    diffill does not report is None). ``env``: the child's environment (default: ours)."""
     argv = [sys.executable, "-m", "diffill.lsp_server.cli", "complete", str(file), "--line",
             str(row + 1), "--col", str(col + 1), "--json", "--model", model, "--device", device]
     if threads is not None:
         argv += ["--threads", str(threads)]
     t0 = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     wall = time.perf_counter() - t0
     if p.returncode not in (0, 1):
         raise RuntimeError(f"diffill complete exited {p.returncode}: {p.stderr.strip()[-500:]}")
     d = json.loads(p.stdout)
     warm = (d.get("warmup_ms") or 0.0) / 1e3
-    phases = d["import_s"] + d["load_s"] + warm + d["complete_ms"] / 1e3
-    return {"wall_s": wall, "import_s": d["import_s"], "load_s": d["load_s"],
+    phases = (d.get("import_s") or 0.0) + d["load_s"] + warm + d["complete_ms"] / 1e3
+    return {"wall_s": wall, "import_s": d.get("import_s"), "load_s": d["load_s"],
             "warmup_ms": d.get("warmup_ms"), "complete_ms": d["complete_ms"],
             "startup_exit_s": wall - phases, "steps": d.get("steps"),
             "over_budget": d.get("over_budget"), "budget_ms": d.get("latency_budget_ms"),
@@ -376,14 +378,14 @@ def first_complete(model: str, file: Path, row: int, col: int, *, device: str = 
 
 def first_serve(model: str, targets: list[tuple[int, int]], text: str, *, device: str = "cpu",
                 threads: int | None = None, timeout: float = 300.0, poll_s: float = 0.02,
-                max_after_load: int = 32) -> dict[str, Any]:
+                max_after_load: int = 32, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One fresh ``diffill serve`` on stdio, as an editor drives it: ``initialize``,
     ``initialized``, ``didOpen``, then completion requests (cycling over ``targets``) until
     the first non-empty answer (``first_suggestion_s`` None when ``max_after_load`` answers
     of the loaded model were all empty). Seconds from the process start to each point."""
     argv = [sys.executable, "-m", "diffill.lsp_server.cli", "serve", "--model", model,
             "--device", device]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     if threads is not None:
         env["DIFFILL_THREADS"] = str(threads)
     t0 = time.perf_counter()

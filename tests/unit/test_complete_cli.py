@@ -213,3 +213,19 @@ def test_budget_note_names_the_second_model_call():
     note = budget_note(450.0, 200.0, steps=3, calls=2, warmup_ms=80.0, max_steps=16)
     assert note.startswith("the completion took 450 ms, over the 200 ms latency budget")
     assert "2 model calls" in note and "3 steps at 75 ms" in note
+
+
+def test_the_gc_freeze_at_exit_is_only_for_the_program():
+    """`diffill complete` speeds its own exit up (atexit gc.freeze), never a host process's."""
+    import subprocess
+    import sys
+
+    from diffill.lsp_server.commands.complete import _diffill_is_the_program
+
+    assert not _diffill_is_the_program()  # pytest is the program here
+    probe = "from diffill.lsp_server.commands.complete import _diffill_is_the_program as f\n"
+    like_console_script = "from diffill.lsp_server.cli import main\n" + probe + "print(f())"
+    host = probe + "print(f())"
+    for code, want in ((like_console_script, "True"), (host, "False")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == want, out.stderr
