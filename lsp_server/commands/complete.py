@@ -213,8 +213,8 @@ def run(args: argparse.Namespace) -> int:
     steps = max((c.steps for c in res.candidates), default=0)
     note = None
     if options.steps is None and complete_ms > budget_ms:
-        note = budget_note(complete_ms, budget_ms, steps=steps, calls=calls,
-                           warmup_ms=warmup_ms, max_steps=options.max_steps)
+        note = budget_note(complete_ms, budget_ms, calls=calls, warmup_ms=warmup_ms,
+                           max_steps=options.max_steps)
     status = EXIT_OK if res.suggestions else EXIT_NO_SUGGESTION
 
     if args.json:
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
             "warmup_ms": None if warmup_ms is None else round(warmup_ms, 1),
             "complete_ms": round(complete_ms, 1),
             "latency_budget_ms": budget_ms,
-            "steps": steps,
+            "steps": steps,  # the most refinement steps a candidate needed
             "model_calls": calls,
             "over_budget": complete_ms > budget_ms,
             "budget_note": note,
@@ -278,20 +278,20 @@ def _warm_up_on(completer: object, text: str, offset: int, n: int, path: str | N
     return (time.perf_counter() - t) * 1000.0
 
 
-def budget_note(complete_ms: float, budget_ms: float, *, steps: int, calls: int,
-                warmup_ms: float | None, max_steps: int) -> str:
+def budget_note(complete_ms: float, budget_ms: float, *, calls: int, warmup_ms: float | None,
+                max_steps: int) -> str:
     """Why a budgeted completion took longer than its budget, in one line."""
     why = []
     if calls > 1:
         why.append(f"{calls} model calls (token healing found no candidate that continues the "
                    "typed word, so the hole at the cursor was filled again)")
-    per_step = complete_ms / max(1, calls) / max(1, steps)
-    if steps <= 1:
-        why.append(f"one step ({per_step:.0f} ms) is already over the budget on this machine")
+    if warmup_ms is not None and warmup_ms >= budget_ms:
+        why.append(f"one step of this request already takes longer (the warm-up step: "
+                   f"{warmup_ms:.0f} ms), and at least one step runs")
     elif warmup_ms is not None:
-        why.append(f"{steps} steps at {per_step:.0f} ms, the warm-up step took {warmup_ms:.0f} ms: "
-                   "the machine's speed changed between them (other processes?)")
-    else:
-        why.append(f"{steps} steps at {per_step:.0f} ms")
+        why.append(f"the warm-up step took {warmup_ms:.0f} ms, so about "
+                   f"{max(1, int(budget_ms // max(warmup_ms, 1e-9)))} step(s) fit; the steps after "
+                   "it ran slower (a busy machine?)")
     return (f"the completion took {complete_ms:.0f} ms, over the {budget_ms:g} ms latency budget: "
-            + "; ".join(why) + f" (--steps N fixes the step count, at most {max_steps} are chosen)")
+            + "; ".join(why or ["the backend's estimate of a step was too low"])
+            + f" (--steps N fixes the step count; at most {max_steps} are chosen)")

@@ -209,10 +209,12 @@ def test_fixed_steps_have_no_warm_up_and_no_note(capsys, words, w7_model):
     assert err == ""
 
 
-def test_budget_note_names_the_second_model_call():
-    note = budget_note(450.0, 200.0, steps=3, calls=2, warmup_ms=80.0, max_steps=16)
+def test_budget_note_says_why():
+    note = budget_note(450.0, 200.0, calls=2, warmup_ms=80.0, max_steps=16)
     assert note.startswith("the completion took 450 ms, over the 200 ms latency budget")
-    assert "2 model calls" in note and "3 steps at 75 ms" in note
+    assert "2 model calls" in note and "about 2 step(s) fit" in note
+    note = budget_note(450.0, 200.0, calls=1, warmup_ms=300.0, max_steps=16)
+    assert "model calls" not in note and "one step of this request already takes longer" in note
 
 
 def test_the_gc_freeze_at_exit_is_only_for_the_program():
