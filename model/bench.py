@@ -407,7 +407,7 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(
             f"  diffill complete: {c['wall_s']:.2f} s start to exit = import {c['import_s']:.2f} s"
             f" + model load {c['load_s']:.3f} s + warm-up step {c['warmup_ms'] or 0:.0f} ms"
-            f" + completion {c['complete_ms']:.0f} ms ({c['steps']:g} steps, budget "
+            f" + completion {c['complete_ms']:.0f} ms (longest candidate {c['steps']:g} steps, budget "
             f"{c['budget_ms']:g} ms, over it {c['over_budget']}/{fs['n']}) + start/exit "
             f"{c['startup_exit_s']:.2f} s; a suggestion {c['suggested']}/{fs['n']}")
         def sec(x: float | None) -> str:
