@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
@@ -445,7 +446,8 @@ def first_serve(model: str, targets: list[tuple[int, int]], text: str, *, device
 
 
 def bench_first_suggestion(model: str, n: int, *, device: str = "cpu", threads: int | None = None,
-                           log=print, timeout: float = 300.0) -> dict[str, Any]:
+                           log: Callable[[str], None] = print,
+                           timeout: float = 300.0) -> dict[str, Any]:
     """Time to the first suggestion from fresh processes, ``n`` runs of each, medians:
 
     * ``complete``: ``diffill complete --json`` on a file (the cursor after ``total += ``):

@@ -25,10 +25,14 @@ import gc
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from . import add_threads_option, check_threads, configure_threads
+
+if TYPE_CHECKING:
+    from ..completer import Completer
 
 MAX_FILE_MB_DEFAULT = 16.0
 
@@ -167,14 +171,8 @@ def run(args: argparse.Namespace) -> int:
         # (tests, scripts calling main([...])): its leak checks would see the frozen objects.
         atexit.unregister(gc.freeze)
         atexit.register(gc.freeze)
-    t_import = time.perf_counter()
-    configure_threads(args, args.device)  # imports torch
-    import diffill.model.engine  # noqa: F401 - the model code: counted in import_s, not load_s
-
-    from ..backends import BackendError, load_local_backend
+    from ..backends import BackendError, load_local_backend  # torch-free
     from ..completer import Completer, options_from_kwargs
-
-    import_s = time.perf_counter() - t_import
 
     opts: dict[str, object] = {"model_path": args.model, "device": args.device}
     for name in ("max_tokens", "steps", "context_tokens", "multiline", "latency_budget_ms"):
@@ -186,6 +184,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"diffill complete: {e}", file=sys.stderr)
         return EXIT_USAGE
+    t_import = time.perf_counter()
+    configure_threads(args, args.device)  # imports torch
+    import diffill.model.engine  # noqa: F401 - the model code: counted in import_s, not load_s
+
+    import_s = time.perf_counter() - t_import
     t0 = time.perf_counter()
     try:
         backend = load_local_backend(options.model_path, options.device, max_steps=options.max_steps,
@@ -264,17 +267,17 @@ def _diffill_is_the_program() -> bool:
     return str(getattr(getattr(main, "main", None), "__module__", "")).startswith("diffill.")
 
 
-def _warm_up_on(completer: object, text: str, offset: int, n: int, path: str | None) -> float | None:
+def _warm_up_on(completer: Completer, text: str, offset: int, n: int, path: str | None) -> float | None:
     """One refinement step of the local model on this request's own context and hole (the
     answer is discarded): first-call costs are paid, and the backend's step timer learns what
     one step of this shape costs here, so the completion that follows picks the steps that fit
     the budget. Milliseconds taken; None for a backend without a step timer (remote)."""
-    backend = completer.backend  # type: ignore[attr-defined]
+    backend = completer.backend
     if getattr(backend, "timer", None) is None:
         return None
-    ctx = completer.build(text, offset, path=path)  # type: ignore[attr-defined]
+    ctx = completer.build(text, offset, path=path)
     t = time.perf_counter()
-    backend.infill(ctx, n=n, max_tokens=completer.options.max_tokens, steps=1)  # type: ignore[attr-defined]
+    backend.infill(ctx, n=n, max_tokens=completer.options.max_tokens, steps=1)
     return (time.perf_counter() - t) * 1000.0
 
 
