@@ -389,6 +389,30 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"{title}: p50 {s['e2e_p50_ms']:.2f} ms, p95 {s['e2e_p95_ms']:.2f} ms, "
                          f"server overhead p50 {s.get('overhead_p50_ms', float('nan')):.2f} ms "
                          f"({s['n']} requests)")
+    fs = result.get("first_suggestion")
+    if fs:
+        c, s = fs["complete"], fs["serve"]
+        la = fs.get("load_average", {})
+        lines.append(
+            f"first suggestion (medians of {fs['n']} fresh processes, load average "
+            f"{la.get('before', ['?'])[0]} -> {la.get('after', ['?'])[0]}):")
+        lines.append(
+            f"  diffill complete: {c['wall_s']:.2f} s start to exit = import {c['import_s']:.2f} s"
+            f" + model load {c['load_s']:.3f} s + warm-up step {c['warmup_ms'] or 0:.0f} ms"
+            f" + completion {c['complete_ms']:.0f} ms (longest candidate {c['steps']:g} steps, budget "
+            f"{c['budget_ms']:g} ms, over it {c['over_budget']}/{fs['n']}) + start/exit "
+            f"{c['startup_exit_s']:.2f} s; a suggestion {c['suggested']}/{fs['n']}")
+        def sec(x: float | None) -> str:
+            return "-" if x is None else f"{x:.2f} s"
+
+        lines.append(
+            f"  diffill serve: initialize answered {sec(s['initialize_s'])}, model loaded "
+            f"{sec(s['loaded_s'])} ({sec(s.get('loaded_after_import_s'))} after the import), "
+            f"first answer of the loaded model {s.get('first_answer_ms') or float('nan'):.0f} ms, "
+            f"first suggestion {sec(s['first_suggestion_s'])} after start "
+            f"({sec(s.get('after_import_s'))} after the import; "
+            f"{s['empty_answers_after_load']:g} empty answers after the load); a suggestion "
+            f"{s.get('suggested', 0)}/{fs['n']}")
     return "\n".join(lines)
 
 

@@ -128,11 +128,12 @@ def load_model_generator(
     context_tokens: int = 1024,
     block: int | None | str = "model",
     syntax_check: bool = True,
+    recipe: str | None = None,
 ) -> CompleterGenerator:
     """Load a checkpoint (None: the shipped default) once and wrap it for evaluation.
     ``block``: the sampler's semi-autoregressive block (``"model"``: the checkpoint's
     ``decode_block``; None: any-order decoding)."""
-    backend = load_local_backend(model_path, device, max_steps=max(steps or 16, 16))
+    backend = load_local_backend(model_path, device, max_steps=max(steps or 16, 16), recipe=recipe)
     if block != "model":
         eng = backend.engine
         eng.sampler = dataclasses.replace(eng.sampler, block=block)

@@ -89,6 +89,15 @@ class InfillEngine(Protocol):
         """First-call overheads paid, the step plan measured."""
         ...
 
+    def warmup_on(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int,
+                  candidates: int = 1) -> float:
+        """One step timed on this request's shape, the step plan made from it (ms)."""
+        ...
+
+    def budget_ms(self, requested: float | None = None) -> float:
+        """The latency budget in force for a request."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """Model, device, step budget and counters, for status reports."""
         ...
@@ -158,6 +167,16 @@ class LocalBackend:
         bucket on CUDA; two buckets and a fitted cost model on a CPU, to stay quick)."""
         self.engine.warmup()
 
+    def warmup_on(self, ctx: FimContext, *, n: int, max_tokens: int) -> float:
+        """A one-shot caller's warm-up (``diffill complete``): one step timed on this
+        request's own shape, and the engine's step plan made from it. Milliseconds taken."""
+        return self.engine.warmup_on(ctx.prefix_ids, ctx.suffix_ids, max_tokens=max_tokens,
+                                     candidates=n)
+
+    def budget_ms(self, requested: float | None = None) -> float:
+        """The latency budget in force (the engine's step budget decides)."""
+        return self.engine.budget_ms(requested)
+
     # -- helpers ---------------------------------------------------------------------------
     def _wrap_cancel(self, cancel: CancelFn | None) -> CancelFn | None:
         delay = self.step_delay_s
@@ -180,16 +199,20 @@ class LocalBackend:
 
 
 def load_local_backend(
-    model_path: str | None, device: str = "cpu", *, max_steps: int = 16, options: Any = None, **_: Any
+    model_path: str | None, device: str = "cpu", *, max_steps: int = 16, options: Any = None,
+    recipe: str | None = None, **_: Any
 ) -> LocalBackend:
-    """Load a checkpoint (None = the shipped default model) into a :class:`LocalBackend`.
-    ``options`` (CompletionOptions) supplies the engine's latency budget; ``max_steps``
-    bounds the steps its plan chooses."""
+    """Load a checkpoint (None = the shipped default model; a folder or the name of a
+    pulled checkpoint) into a :class:`LocalBackend`. ``options`` (CompletionOptions)
+    supplies the engine's latency budget and the ``recipe`` override (``recipe`` given here
+    wins); ``max_steps`` bounds the steps its plan chooses."""
     from ..model import load_model  # torch: the server imports this module before `initialize`
     from ..model.engine import Engine  # torch: as above
     from ..model.runtime import resolve_device  # torch: as above
 
-    lm = load_model(model_path, device=str(resolve_device(device)))
+    if recipe is None and options is not None:
+        recipe = options.recipe
+    lm = load_model(model_path, device=str(resolve_device(device)), recipe=recipe)
     budget = None if options is None else options.latency_budget_ms
     return LocalBackend(Engine(lm, budget_ms=budget, max_steps=max_steps))
 

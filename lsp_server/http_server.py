@@ -13,13 +13,20 @@ Endpoints
     ``stream``, ``echo``, ``logprobs``, ``best_of > n`` and ``logit_bias`` are
     refused with a 400 rather than silently wrong. Answer: the OpenAI shape
     (``id``, ``object="text_completion"``, ``created``, ``model``, ``choices``
-    [``text``, ``index``, ``finish_reason``, ``logprobs: null``], ``usage``).
-``GET /v1/models``
+    [``text``, ``index``, ``finish_reason``, ``logprobs: null``], ``usage``) plus a
+    ``diffill`` object: ``steps`` (refinement steps each prompt's middle took),
+    ``steps_planned`` (the step count the sampler ran with, when the request or
+    ``--steps`` set it), ``steps_from`` (``"request"``, ``"server"`` = ``--steps``, or
+    ``"latency_budget"``) and ``latency_budget_ms`` / ``max_steps`` (what a
+    budget-chosen count was bounded by).
+``GET /v1/models`` and ``GET /v1/models/{model}``
     The served model (``--served-model-name``, default the checkpoint folder's
-    name, plus the alias ``diffill``).
+    name, plus the alias ``diffill``); an unknown id is a 404 ``model_not_found``.
 ``GET /health`` and ``GET /healthz``
     200 ``{"status": "ok", ...}`` once the model is loaded, 503 while loading or
     after a load failure (load balancers take the replica out). Never needs a token.
+    Also the limits in force and the counters (requests by outcome, connections
+    closed by each timeout, connections refused).
 
 The text path is the language server's: ``prompt + suffix`` is one document with
 the cursor between them, cut to the token budget by :mod:`.context`
@@ -37,44 +44,68 @@ not the whole prompt when it was cut), ``completion_tokens`` the choices' texts.
 
 Serving discipline
 ------------------
-* Requests run on ``workers`` threads (default 4): context building and
-  tokenisation overlap, and requests that reach the engine together are batched
-  by it (:class:`diffill.model.engine.Engine` runs compatible queued requests as
-  one forward per step; the device still does one batch at a time). At most
-  ``max_queue`` requests are admitted (running + waiting); beyond that 429 with
-  a ``Retry-After`` estimated from recent latencies.
-* Bodies over ``max_body_bytes`` get 413 (checked on ``Content-Length`` and while
-  reading a chunked body). Malformed JSON, wrong types, out-of-range values: 400
-  naming the field (``error.param``), validated by msgspec Structs.
+* **Connections** (:class:`_Connection`): the request line and headers must arrive
+  within ``header_timeout_s`` of the connection opening (or of the first byte of
+  a later request on a kept-alive connection), else 408 and the connection is
+  closed; a kept-alive connection idle for ``idle_timeout_s`` is closed; beyond
+  ``max_connections`` open connections a new one gets 503 and is closed. Each is
+  counted (``closed_header_timeout``, ``closed_idle``, ``rejected_connections``).
+* **Admission before the body**: the token, the model's readiness and a queue slot
+  are checked from the headers, before a byte of the body is read: a stranger or a
+  full server costs no buffering. At most ``max_queue`` requests are admitted
+  (reading their body + waiting + running); beyond that 429 with a
+  ``Retry-After`` estimated from recent latencies. So at most ``max_queue x
+  max_body_bytes`` of bodies are buffered at once. The body must arrive within
+  ``body_timeout_s`` (else 408, ``closed_body_timeout``); bodies over
+  ``max_body_bytes`` get 413 (checked on ``Content-Length`` and while reading).
+* **Caps on cost**: ``steps`` above ``max_request_steps`` and ``max_tokens`` above
+  ``max_request_tokens`` (lowered at load to what the model's positions hold) are a
+  400 naming the field. Malformed JSON, wrong types, out-of-range values: 400 naming
+  the field (``error.param``), validated by msgspec Structs.
 * With a token configured, ``/v1/*`` needs ``Authorization: Bearer <token>``
-  (401 otherwise; constant-time comparison).
-* A request is cancelled between diffusion steps when its client disconnects or
-  its ``request_timeout_s`` passes (504). A model error (out of memory, ...) is a
-  500 for that request only; the server stays up.
-* ``X-Request-Id`` is echoed back (generated when absent). Prompts and
-  completions are never logged unless ``debug_log_buffers`` is set.
+  (401 otherwise; the SHA-256 digests are compared in constant time, so neither the
+  comparison nor an error message depends on the token's length).
+* ``request_timeout_s`` after admission a request still unanswered gets 504 at once;
+  its worker stops at the next diffusion step (a queued one never starts). A client
+  that disconnects is cancelled the same way. A model error (out of memory, ...) is
+  a 500 for that request only; the server stays up.
+* **Errors and logs**: every error, including aiohttp's own (bad request line,
+  bad header, unknown route 404, 405 with ``Allow``, a CORS preflight), is JSON in
+  the OpenAI error shape, and every request is one access-log line (status, request
+  id, the error code and message, no traceback). The log never holds the token:
+  query values are redacted, header values never logged, prompts and completions
+  only with ``debug_log_buffers``. ``X-Request-Id`` is echoed back (generated when
+  absent or not a short printable string).
+
+Test hook: ``DIFFILL_DEBUG_LOAD_GATE=<path>`` holds the model load (``/health`` says
+``loading``) until that file exists, so load-balancer tests control how long a replica
+stays out. Never set it in normal use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import logging
 import math
+import os
 import re
 import signal
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Annotated, Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from msgspec import Meta
 
 from .backends import Backend, BackendError, Cancelled, Candidate
@@ -83,14 +114,20 @@ from .context import FimContext
 from .options import CompletionOptions
 
 log = logging.getLogger("diffill.http")
+access_log = logging.getLogger("diffill.http.access")
 
 DEFAULT_MAX_TOKENS = 16
 MAX_STOP = 4
 RETRYABLE_HINT_S = 1
+LOAD_GATE_ENV = "DIFFILL_DEBUG_LOAD_GATE"
 NO_HEALING_HEADER = "X-Diffill-Token-Healing"
 """``X-Diffill-Token-Healing: 0`` turns server-side token healing off for a request
 (sent by diffill's own ``openai`` backend, whose language server heals already)."""
 LOAD_TASK = web.AppKey("diffill_load", asyncio.Task)
+HEALTH_PATHS = frozenset({"/health", "/healthz"})
+ENDPOINTS = "POST /v1/completions, GET /v1/models, GET /v1/models/{model}, GET /health"
+_RID = re.compile(r"^[\x21-\x7e]{1,128}$")
+_QUERY_KEY = re.compile(r"^[A-Za-z0-9_.\-\[\]]{1,40}$")
 
 
 # ----------------------------------------------------------------------------- wire types
@@ -137,13 +174,36 @@ class RequestError(Exception):
         self.headers = headers or {}
 
 
-def error_response(err: RequestError, request_id: str | None = None) -> web.Response:
-    body = {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}
+class Reply(web.Response):
+    """A JSON response carrying a note for its access-log line (the error, or what a
+    completion took), so each request is logged once."""
+
+    note: str = ""
+
+
+def error_body(err: RequestError) -> bytes:
+    return msgspec.json.encode({"error": {"message": err.message, "type": err.kind,
+                                          "param": err.param, "code": err.code}})
+
+
+def error_response(err: RequestError, request_id: str | None = None) -> Reply:
     headers = dict(err.headers)
     if request_id:
         headers["X-Request-Id"] = request_id
-    return web.Response(status=err.status, body=msgspec.json.encode(body),
-                        content_type="application/json", headers=headers)
+    resp = Reply(status=err.status, body=error_body(err), content_type="application/json",
+                 headers=headers)
+    resp.note = f"{err.code or err.kind}: {err.message!r}"
+    return resp
+
+
+def raw_error(err: RequestError) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection, for the
+    connection guard, which answers outside any request handler."""
+    body = error_body(err)
+    reason = HTTPStatus(err.status).phrase
+    head = (f"HTTP/1.1 {err.status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    return head.encode("ascii") + body
 
 
 def _param_of(e: msgspec.ValidationError) -> str | None:
@@ -162,6 +222,8 @@ def parse_request(body: bytes) -> CompletionRequest:
         raise RequestError(400, f"invalid request: {e}", param=_param_of(e)) from None
     except msgspec.DecodeError as e:
         raise RequestError(400, f"malformed JSON body: {e}") from None
+    except RecursionError:
+        raise RequestError(400, "malformed JSON body: nested too deeply") from None
     if req.stream:
         raise RequestError(400, "stream=true is not supported; send stream=false", param="stream")
     if req.echo:
@@ -203,6 +265,55 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text, False) if best < 0 else (text[:best], True)
 
 
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else f"\\x{ord(c) & 0xFF:02x}" for c in text)
+
+
+def log_target(raw_path: str) -> str:
+    """The request target for the access log: control characters escaped, every query
+    value replaced by ``<redacted>`` (the API takes no query parameters, so a value
+    there is most likely a token sent as ``?api_key=``), odd-looking keys too."""
+    path, sep, query = raw_path.partition("?")
+    if not sep:
+        return _printable(path)
+    parts = []
+    for item in query.split("&"):
+        key, eq, _ = item.partition("=")
+        shown = key if _QUERY_KEY.match(key) else "<redacted>"
+        parts.append(f"{shown}=<redacted>" if eq else shown)
+    return _printable(path) + "?" + "&".join(parts)
+
+
+def request_id(request: web.BaseRequest) -> str:
+    """The client's ``X-Request-Id`` when it is a short printable token, else a new one."""
+    rid = request.headers.get("X-Request-Id", "")
+    return rid if _RID.match(rid) else uuid.uuid4().hex
+
+
+class AccessLog(AbstractAccessLogger):
+    """One line per request: peer, method, redacted target, status, size, time,
+    request id and the response's note (the error or what the completion took).
+    Health checks at DEBUG (also their 503 while loading), other 5xx at ERROR, the rest
+    at INFO."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        status = response.status
+        if request.path in HEALTH_PATHS:  # load-balancer probes, 503 while loading
+            level = logging.DEBUG
+        elif status >= 500:
+            level = logging.ERROR
+        else:
+            level = logging.INFO
+        if not self.logger.isEnabledFor(level):
+            return
+        note = getattr(response, "note", "")
+        v = request.version
+        self.logger.log(level, '%s "%s %s HTTP/%d.%d" %d %d %.1f ms rid=%s%s',
+                        request.remote, request.method, log_target(request.raw_path),
+                        v.major, v.minor, status, response.body_length, time * 1000.0,
+                        response.headers.get("X-Request-Id", "-"), f" {note}" if note else "")
+
+
 # ----------------------------------------------------------------------------- config & state
 
 
@@ -213,14 +324,40 @@ class HttpConfig:
     token: str | None = None
     """Bearer token required on /v1/* (None: no auth)."""
     max_queue: int = 32
-    """Requests admitted at once (running + waiting); more get 429."""
+    """Requests admitted at once (reading their body + waiting + running); more get 429."""
     workers: int = 4
     """Threads running requests (the engine batches the ones that meet)."""
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 1024 * 1024
     request_timeout_s: float = 60.0
+    """From admission to the answer: later, 504 (the worker stops at its next step)."""
+    header_timeout_s: float = 10.0
+    """Request line + headers must arrive within this (from the connection opening or a
+    later request's first byte), else 408 and close."""
+    body_timeout_s: float = 30.0
+    """The whole body must arrive within this once the headers did, else 408 and close."""
+    idle_timeout_s: float = 30.0
+    """A kept-alive connection with no request for this long is closed."""
+    max_connections: int = 256
+    """Open connections at once; a new one beyond gets 503 and is closed."""
+    max_request_steps: int = 64
+    """Largest ``steps`` a request may ask for (400 above)."""
+    max_request_tokens: int = 256
+    """Largest ``max_tokens`` (400 above); lowered at load to what the model can hold."""
     model_names: list[str] = field(default_factory=lambda: ["diffill"])
     """Names ``model`` may take; the first is reported. Empty: any name accepted."""
     debug_log_buffers: bool = False
+
+    def check(self) -> None:
+        """Raises ValueError naming the first limit out of range."""
+        for name in ("max_queue", "workers", "max_connections", "max_request_steps",
+                     "max_request_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        for name in ("request_timeout_s", "header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be >= 1024")
 
 
 @dataclass
@@ -250,7 +387,7 @@ class Job:
 
 class HttpFront:
     """State of one serve-http process: the backend (loaded on the worker thread),
-    the admission counter, statistics."""
+    the admission counter, the open connections, statistics."""
 
     def __init__(
         self,
@@ -262,19 +399,43 @@ class HttpFront:
     ) -> None:
         if backend is None and loader is None:
             raise ValueError("HttpFront needs a backend or a loader")
+        config.check()
         self.options = options
         self.config = config
-        self.backend = backend
+        self.backend: Backend | None = None
         self.loader = loader
         self.load_error: str | None = None
         self.executor = ThreadPoolExecutor(max_workers=max(1, config.workers),
                                            thread_name_prefix="diffill-http-model")
         self.pending = 0
+        """Admitted requests: reading their body, queued or running."""
+        self.reading = 0
+        """Admitted requests still reading their body."""
+        self.running = 0
+        """Requests inside a worker thread right now."""
+        self._running_lock = threading.Lock()
+        self.connections: set[_Connection] = set()
         self.counters: dict[str, int] = {}
         self.latencies: deque[float] = deque(maxlen=200)
         self.started = time.time()
+        self.max_tokens_limit = config.max_request_tokens
+        self.model_hole_limit: int | None = None
+        digest = hashlib.sha256(config.token.encode()).digest() if config.token else None
+        self._token_digest = digest
+        if backend is not None:
+            self._set_backend(backend)
 
     # -- model ------------------------------------------------------------------------------
+    def _set_backend(self, backend: Backend) -> None:
+        """Install the backend and lower the max_tokens limit to what its model holds."""
+        hole = backend.max_context_tokens(0)
+        self.model_hole_limit = hole
+        if hole is not None and hole < self.config.max_request_tokens:
+            log.info("max_request_tokens %d lowered to %d: the model's positions hold at most "
+                        "%d tokens of hole and context", self.config.max_request_tokens, hole, hole)
+            self.max_tokens_limit = max(1, hole)
+        self.backend = backend
+
     async def load(self) -> None:
         """Load the model on the worker thread (health says 503 meanwhile)."""
         if self.backend is not None or self.loader is None:
@@ -282,18 +443,23 @@ class HttpFront:
         t0 = time.perf_counter()
         loader = self.loader
 
+        gate = os.environ.get(LOAD_GATE_ENV)
+
         def work() -> Backend:
+            while gate and not os.path.exists(gate):  # test hook (module doc)
+                time.sleep(0.05)
             backend = loader()
             backend.warmup()
             return backend
 
         try:
-            self.backend = await asyncio.get_running_loop().run_in_executor(self.executor, work)
+            backend = await asyncio.get_running_loop().run_in_executor(self.executor, work)
         except Exception as e:
             self.load_error = f"cannot load model: {type(e).__name__}: {e}"
             log.error("%s", self.load_error)
         else:
-            log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, self.backend.describe())
+            self._set_backend(backend)
+            log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, backend.describe())
 
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -307,14 +473,15 @@ class HttpFront:
 
     # -- the model call (worker thread) ------------------------------------------------------
     def complete_one(self, req: CompletionRequest, prompt: str, job: Job, *,
-                     healing: bool = True) -> tuple[list[Choice], FimContext]:
+                     healing: bool = True) -> tuple[list[Choice], FimContext, int]:
         """One prompt through the language server's text path (:meth:`Completer.run`:
         context, token healing, model, post-processing); ``raw`` skips token healing and
         post-processing (the model's middles at the cursor, untouched); ``healing=False``
-        skips token healing only (the client healed already)."""
+        skips token healing only (the client healed already). Returns the choices, the
+        context and the refinement steps the model took."""
         backend = self.backend
         assert backend is not None
-        max_tokens = req.max_tokens or DEFAULT_MAX_TOKENS
+        max_tokens = req.max_tokens or min(DEFAULT_MAX_TOKENS, self.max_tokens_limit)
         opts = msgspec.structs.replace(self.options, max_tokens=max_tokens)
         if req.raw or not healing:
             opts = msgspec.structs.replace(opts, token_healing=False)
@@ -345,18 +512,38 @@ class HttpFront:
             texts.append(cut)
             reasons.append("length" if full and not stopped else "stop")
         counts = backend.encode_batch(texts)
-        return [Choice(t, r, len(c)) for t, r, c in zip(texts, reasons, counts, strict=True)], res.context
+        steps = max((c.steps for c in cands), default=0)
+        choices = [Choice(t, r, len(c)) for t, r, c in zip(texts, reasons, counts, strict=True)]
+        return choices, res.context, steps
 
-    # -- handlers ----------------------------------------------------------------------------
+    # -- checks on the headers (before any body byte is read) --------------------------------
     def check_auth(self, request: web.Request) -> None:
-        token = self.config.token
-        if token is None:
+        if self._token_digest is None:
             return
         got = request.headers.get("Authorization", "")
         scheme, _, value = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+        # header values arrive as str with undecodable bytes as surrogates: encode them
+        # back losslessly; digests make the comparison independent of the token's length
+        presented = hashlib.sha256(value.strip().encode("utf-8", "surrogateescape")).digest()
+        if not (hmac.compare_digest(presented, self._token_digest) and scheme.lower() == "bearer"):
             raise RequestError(401, "missing or invalid bearer token (Authorization: Bearer <token>)",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def check_ready(self) -> None:
+        if self.backend is None:
+            what = self.load_error or "the model is still loading"
+            raise RequestError(503, what, kind="server_error", code="model_not_ready",
+                               headers={"Retry-After": "5" if self.load_error is None else "60"})
+
+    def admit(self) -> None:
+        """Take a queue slot (429 when none is left)."""
+        if self.pending >= self.config.max_queue:
+            self.count("rejected_429")
+            raise RequestError(429, f"server busy: {self.pending} requests queued "
+                               f"(limit {self.config.max_queue}); retry later",
+                               kind="rate_limit_error", code="queue_full",
+                               headers={"Retry-After": str(self.retry_after_s())})
+        self.pending += 1
 
     def check_model(self, name: str | None) -> str:
         names = self.config.model_names
@@ -365,90 +552,143 @@ class HttpFront:
         raise RequestError(404, f"model {name!r} is not served here (served: {', '.join(names)})",
                            param="model", code="model_not_found")
 
+    def check_limits(self, req: CompletionRequest) -> None:
+        """The server's caps on what a request may cost (400 naming the field)."""
+        limit = self.max_tokens_limit
+        if req.max_tokens is not None and req.max_tokens > limit:
+            hole = self.model_hole_limit
+            why = (f"the model's positions hold at most {hole} tokens of hole and context"
+                   if hole is not None and hole < self.config.max_request_tokens
+                   else "the server's limit (--max-request-tokens)")
+            raise RequestError(400, f"max_tokens={req.max_tokens} is over {limit}: {why}",
+                               param="max_tokens", code="max_tokens_too_large")
+        steps_cap = self.config.max_request_steps
+        if req.steps is not None and req.steps > steps_cap:
+            raise RequestError(400, f"steps={req.steps} is over the server's limit of {steps_cap} "
+                               "(--max-request-steps)", param="steps", code="steps_too_large")
+
     async def read_body(self, request: web.Request) -> bytes:
+        """The body, within ``body_timeout_s`` and ``max_body_bytes`` (408 / 413), decoded
+        (a bad ``Content-Encoding`` or a body cut short: 400)."""
         limit = self.config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise RequestError(413, f"request body of {request.content_length} bytes exceeds the "
                                f"limit of {limit} bytes", code="request_too_large")
+        timeout = self.config.body_timeout_s
+        self.reading += 1
         try:
-            return await request.read()
+            body = await asyncio.wait_for(request.read(), timeout)
+        except asyncio.TimeoutError:
+            self.count("closed_body_timeout")
+            raise RequestError(408, f"request body not received within {timeout:g} s",
+                               code="body_timeout") from None
         except web.HTTPRequestEntityTooLarge:
             raise RequestError(413, f"request body exceeds the limit of {limit} bytes",
                                code="request_too_large") from None
+        except web.RequestPayloadError as e:
+            encoding = request.headers.get("Content-Encoding", "")
+            what = (f"cannot decode the body's Content-Encoding {_printable(encoding)!r}"
+                    if "encoding" in str(e).lower() else "malformed request body")
+            raise RequestError(400, what, code="bad_body") from None
+        except ConnectionError:
+            self.count("body_incomplete")
+            raise RequestError(400, "the connection closed before the whole body arrived",
+                               code="body_incomplete") from None
+        finally:
+            self.reading -= 1
+        conn = request.protocol
+        if isinstance(conn, _Connection):
+            conn.body_read()
+        return body
 
-    async def completions(self, request: web.Request) -> web.Response:
-        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    # -- handlers ----------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        rid = request_id(request)
         t0 = time.perf_counter()
+        admitted = False
         try:
-            self.check_auth(request)
-            body = await self.read_body(request)
-            req = parse_request(body)
-            model_name = self.check_model(req.model)
-            if self.backend is None:
-                what = self.load_error or "the model is still loading"
-                raise RequestError(503, what, kind="server_error", code="model_not_ready",
-                                   headers={"Retry-After": "5" if self.load_error is None else "60"})
-            if self.pending >= self.config.max_queue:
-                self.count("rejected_429")
-                raise RequestError(429, f"server busy: {self.pending} requests queued "
-                                   f"(limit {self.config.max_queue}); retry later",
-                                   kind="rate_limit_error", code="queue_full",
-                                   headers={"Retry-After": str(self.retry_after_s())})
-        except RequestError as e:
-            if e.status != 429:
-                self.count(f"http_{e.status}")
-            return error_response(e, rid)
-        healing = request.headers.get(NO_HEALING_HEADER, "").strip().lower() not in ("0", "false", "off")
-        response = await self._run(request, req, model_name, rid, t0, healing)
-        return response
+            try:
+                self.check_auth(request)
+                self.check_ready()
+                self.admit()
+                admitted = True
+                body = await self.read_body(request)
+                req = parse_request(body)
+                model_name = self.check_model(req.model)
+                self.check_limits(req)
+            except RequestError as e:
+                if e.status != 429:
+                    self.count(f"http_{e.status}")
+                return error_response(e, rid)
+            healing = request.headers.get(NO_HEALING_HEADER, "").strip().lower() not in ("0", "false", "off")
+            return await self._run(request, req, model_name, rid, t0, healing)
+        finally:
+            if admitted:
+                self.pending -= 1
 
     async def _run(self, request: web.Request, req: CompletionRequest, model_name: str,
-                   rid: str, t0: float, healing: bool = True) -> web.Response:
+                   rid: str, t0: float, healing: bool = True) -> web.StreamResponse:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         transport = request.transport
 
         def closing() -> bool:
             return transport is None or transport.is_closing()
 
-        job = Job(time.monotonic() + self.config.request_timeout_s, closing)
-        self.pending += 1
+        timeout = self.config.request_timeout_s
+        left = timeout - (time.perf_counter() - t0)
+        job = Job(time.monotonic() + left, closing)
         loop = asyncio.get_running_loop()
 
-        def work() -> list[tuple[list[Choice], FimContext]]:
-            return [self.complete_one(req, p, job, healing=healing) for p in prompts]
+        def work() -> list[tuple[list[Choice], FimContext, int]]:
+            with self._running_lock:
+                self.running += 1
+            try:
+                return [self.complete_one(req, p, job, healing=healing) for p in prompts]
+            finally:
+                with self._running_lock:
+                    self.running -= 1
 
+        fut = loop.run_in_executor(self.executor, work)
+        # the worker may finish after the answer went out (timeout, disconnect): its
+        # result or exception is dropped here rather than reported as never retrieved
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            results = await loop.run_in_executor(self.executor, work)
-        except asyncio.CancelledError:  # aiohttp cancels the handler of a closed connection
+            results = await asyncio.wait_for(asyncio.shield(fut), max(0.0, left))
+        except asyncio.TimeoutError:
+            job.timed_out = True
+            job.aborted.set()  # a queued job never starts; a running one stops at its next step
+            self.count("http_504")
+            return error_response(RequestError(504, f"request timed out after {timeout:g} s",
+                                               kind="server_error", code="timeout"), rid)
+        except asyncio.CancelledError:  # the handler of a closed connection is cancelled
             job.aborted.set()
             self.count("client_gone")
             raise
         except Cancelled:
             if job.timed_out:
                 self.count("http_504")
-                return error_response(RequestError(504, "request timed out", kind="server_error",
-                                                   code="timeout"), rid)
+                return error_response(RequestError(504, f"request timed out after {timeout:g} s",
+                                                   kind="server_error", code="timeout"), rid)
             self.count("client_gone")
             return error_response(RequestError(499, "client closed the request",
-                                               kind="server_error"), rid)
+                                               kind="server_error", code="client_gone"), rid)
         except BackendError as e:
             self.count("http_400")
             return error_response(RequestError(400, str(e)), rid)
         except Exception as e:  # the model failed (out of memory, ...): this request only
             self.count("http_500")
-            log.error("model error on request %s: %s: %s", rid, type(e).__name__, e)
             return error_response(RequestError(500, f"model error: {type(e).__name__}: {e}",
                                                kind="server_error", code="model_error"), rid)
-        finally:
-            self.pending -= 1
         dt = time.perf_counter() - t0
         self.latencies.append(dt)
         self.count("completed")
         choices = []
         prompt_tokens = 0
         completion_tokens = 0
-        for i, (chs, ctx) in enumerate(results):
+        steps = []
+        for i, (chs, ctx, st) in enumerate(results):
             prompt_tokens += ctx.prefix_tokens + ctx.suffix_tokens
+            steps.append(st)
             for j, ch in enumerate(chs):
                 completion_tokens += ch.tokens
                 choices.append({"text": ch.text, "index": i * req.n + j,
@@ -456,8 +696,6 @@ class HttpFront:
         if self.config.debug_log_buffers:
             log.debug("request %s prompt tail %r suffix head %r -> %r", rid, prompts[0][-200:],
                       (req.suffix or "")[:200], [c["text"] for c in choices])
-        log.info("request %s: %d prompt(s), %d prompt tokens -> %d choices, %.1f ms",
-                 rid, len(prompts), prompt_tokens, len(choices), dt * 1000.0)
         out = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -466,20 +704,64 @@ class HttpFront:
             "choices": choices,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
+            "diffill": self.step_report(req, steps),
         }
-        return web.Response(body=msgspec.json.encode(out), content_type="application/json",
-                            headers={"X-Request-Id": rid})
+        resp = Reply(body=msgspec.json.encode(out), content_type="application/json",
+                     headers={"X-Request-Id": rid})
+        resp.note = (f"{len(prompts)} prompt(s), {prompt_tokens} prompt tokens -> {len(choices)} "
+                     f"choices, steps {steps}")
+        return resp
 
-    async def models(self, request: web.Request) -> web.Response:
+    def step_report(self, req: CompletionRequest, steps: list[int]) -> dict[str, Any]:
+        """The ``diffill`` object of an answer: ``steps``, the refinement steps each
+        prompt's middle took (the model may finish a short middle in fewer than planned);
+        ``steps_planned``, the count the sampler ran with (the request's or ``--steps``;
+        None when the backend's latency-budget policy chose it); what chose them."""
+        if req.steps is not None:
+            source = "request"
+        elif self.options.steps is not None:
+            source = "server"
+        else:
+            source = "latency_budget"
+        budget_ms = None
+        if source == "latency_budget":
+            budget = getattr(self.backend, "budget_ms", None)
+            budget_ms = budget(self.options.latency_budget_ms) if callable(budget) else \
+                self.options.latency_budget_ms
+        planned = req.steps if req.steps is not None else self.options.steps
+        return {"steps": steps, "steps_planned": planned, "steps_from": source,
+                "latency_budget_ms": budget_ms,
+                "max_steps": self.options.max_steps if source == "latency_budget" else None}
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
         try:
             self.check_auth(request)
         except RequestError as e:
-            return error_response(e)
-        data = [{"id": name, "object": "model", "created": int(self.started), "owned_by": "diffill"}
-                for name in (self.config.model_names or ["diffill"])]
-        return web.json_response({"object": "list", "data": data})
+            self.count(f"http_{e.status}")
+            return error_response(e, request_id(request))
+        data = [self._model_object(name) for name in (self.config.model_names or ["diffill"])]
+        return Reply(body=msgspec.json.encode({"object": "list", "data": data}),
+                     content_type="application/json")
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def model(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/models/{model}`` (the openai client's ``models.retrieve``)."""
+        name = request.match_info["model"]
+        try:
+            self.check_auth(request)
+            names = self.config.model_names or ["diffill"]
+            if name not in names:
+                raise RequestError(404, f"model {name!r} is not served here (served: "
+                                   f"{', '.join(names)})", param="model", code="model_not_found")
+        except RequestError as e:
+            self.count(f"http_{e.status}")
+            return error_response(e, request_id(request))
+        return Reply(body=msgspec.json.encode(self._model_object(name)),
+                     content_type="application/json")
+
+    def _model_object(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": int(self.started), "owned_by": "diffill"}
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
         if self.backend is not None:
             status, code = "ok", 200
         elif self.load_error is not None:
@@ -487,28 +769,115 @@ class HttpFront:
         else:
             status, code = "loading", 503
         desc = self.backend.describe() if self.backend is not None else {}
+        c = self.config
         body = {
             "status": status,
             "error": self.load_error,
-            "model": self.config.model_names[0] if self.config.model_names else None,
+            "model": c.model_names[0] if c.model_names else None,
             "device": desc.get("device"),
             "queue": self.pending,
-            "max_queue": self.config.max_queue,
+            "max_queue": c.max_queue,
+            "reading_body": self.reading,
+            "running": self.running,
+            "connections": len(self.connections),
+            "limits": {
+                "max_connections": c.max_connections,
+                "header_timeout_s": c.header_timeout_s,
+                "body_timeout_s": c.body_timeout_s,
+                "idle_timeout_s": c.idle_timeout_s,
+                "request_timeout_s": c.request_timeout_s,
+                "max_body_bytes": c.max_body_bytes,
+                "max_request_steps": c.max_request_steps,
+                "max_request_tokens": self.max_tokens_limit,
+            },
             "uptime_s": round(time.time() - self.started, 1),
             "engine_requests": desc.get("engine_requests"),
             "engine_batches": desc.get("engine_batches"),
             "engine_max_batch_requests": desc.get("engine_max_batch_requests"),
             **self.counters,
         }
-        return web.json_response(body, status=code)
+        return Reply(body=msgspec.json.encode(body), status=code, content_type="application/json")
+
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: the client waits for a go before sending its body;
+        it gets one only when the token is right and a queue slot is free, else the
+        error at once (and no body is ever sent)."""
+        value = request.headers.get("Expect", "").lower()
+        if request.version < (1, 1):
+            return None
+        try:
+            if value != "100-continue":
+                raise RequestError(417, "only 'Expect: 100-continue' is understood",
+                                   code="expectation_failed")
+            if request.path == "/v1/completions":
+                self.check_auth(request)
+                self.check_ready()
+                if self.pending >= self.config.max_queue:
+                    self.count("rejected_429")
+                    raise RequestError(429, f"server busy: {self.pending} requests queued "
+                                       f"(limit {self.config.max_queue}); retry later",
+                                       kind="rate_limit_error", code="queue_full",
+                                       headers={"Retry-After": str(self.retry_after_s())})
+        except RequestError as e:
+            if e.status != 429:
+                self.count(f"http_{e.status}")
+            resp = error_response(e, request_id(request))
+            resp.force_close()
+            return resp
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the real answer has not started
+        return None
+
+    # -- errors outside the handlers ---------------------------------------------------------
+    def http_exception(self, request: web.BaseRequest, e: web.HTTPException) -> Reply:
+        """aiohttp's own HTTP errors (no route: 404, wrong method: 405, ...) as JSON."""
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        if isinstance(e, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(e.allowed_methods))
+            err = RequestError(405, f"method {e.method} is not allowed here (allowed: {allowed}); "
+                               "this server answers no CORS preflight", code="method_not_allowed",
+                               headers=headers)
+        elif e.status == 404:
+            err = RequestError(404, f"no such endpoint (this server has {ENDPOINTS})",
+                               code="not_found")
+        else:
+            err = RequestError(e.status, e.reason, code=None, headers=headers,
+                               kind="server_error" if e.status >= 500 else "invalid_request_error")
+        self.count(f"http_{e.status}")
+        return error_response(err, request_id(request))
 
     def make_app(self) -> web.Application:
+        front = self
+
+        @web.middleware
+        async def guard(request: web.Request,
+                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                        ) -> web.StreamResponse:
+            conn = request.protocol
+            if isinstance(conn, _Connection):
+                conn.begin(request.body_exists)
+            try:
+                resp = await handler(request)
+            except web.HTTPException as e:
+                resp = front.http_exception(request, e)
+            except Exception as e:  # a bug of ours: one line, the traceback only at debug
+                front.count("http_500")
+                log.debug("internal error on %s", log_target(request.raw_path), exc_info=True)
+                resp = error_response(RequestError(500, f"internal error ({type(e).__name__})",
+                                                   kind="server_error", code="internal_error"),
+                                      request_id(request))
+            if request.body_exists and not request.content.is_eof():
+                resp.force_close()  # an unread body: close rather than read it on
+            return resp
+
         # aiohttp's own limit backs up the Content-Length check for chunked bodies.
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/healthz", self.health)
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[guard])
+        ex = self.expect
+        app.router.add_post("/v1/completions", self.completions, expect_handler=ex)
+        app.router.add_get("/v1/models", self.models, expect_handler=ex)
+        app.router.add_get("/v1/models/{model:.+}", self.model, expect_handler=ex)
+        app.router.add_get("/health", self.health, expect_handler=ex)
+        app.router.add_get("/healthz", self.health, expect_handler=ex)
 
         async def on_startup(app: web.Application) -> None:
             app[LOAD_TASK] = asyncio.ensure_future(self.load())
@@ -524,17 +893,191 @@ class HttpFront:
         return app
 
 
+# ----------------------------------------------------------------------------- connections
+
+
+class _Connection(web.RequestHandler):
+    """aiohttp's HTTP/1.1 protocol with the connection discipline of :class:`HttpFront`:
+    header / idle timeouts, the connection cap, and aiohttp's own errors as JSON with a
+    one-line log (never the raw bytes, which may hold a token).
+
+    Phases: ``header`` (waiting for a complete request head, ``header_timeout_s``),
+    ``busy`` (a handler runs; the body has its own timeout in :meth:`HttpFront.read_body`),
+    ``idle`` (kept alive between requests, ``idle_timeout_s``)."""
+
+    def __init__(self, manager: web.Server, front: HttpFront, **kw: Any) -> None:
+        super().__init__(manager, **kw)
+        self.front = front
+        self.phase = "new"
+        self._timer: asyncio.TimerHandle | None = None
+        self._body_done = True
+        self._pipelined = False
+
+    # -- phases ------------------------------------------------------------------------------
+    def _arm(self, phase: str, seconds: float | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.phase = phase
+        if seconds is not None:
+            self._timer = self._loop.call_later(seconds, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self.transport is None:
+            return
+        f = self.front
+        peer = self.transport.get_extra_info("peername")
+        who = peer[0] if isinstance(peer, tuple) and peer else "?"
+        if self.phase == "header":
+            t = f.config.header_timeout_s
+            f.count("closed_header_timeout")
+            log.info("%s: closed, no complete request head within %g s (header timeout)", who, t)
+            self._refuse(RequestError(408, f"request line and headers not received within {t:g} s",
+                                      code="header_timeout"))
+        elif self.phase == "idle":
+            f.count("closed_idle")
+            log.debug("%s: closed, idle for %g s", who, f.config.idle_timeout_s)
+            self.force_close()
+
+    def _refuse(self, err: RequestError) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(raw_error(err))
+        self.force_close()
+
+    def begin(self, has_body: bool) -> None:
+        """A handler starts (the request head is complete)."""
+        self._arm("busy", None)
+        self._body_done = not has_body
+        self._pipelined = False
+
+    def body_read(self) -> None:
+        self._body_done = True
+
+    # -- protocol ----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        f = self.front
+        if len(f.connections) >= f.config.max_connections:
+            f.count("rejected_connections")
+            log.info("connection refused: %d open (max_connections)", len(f.connections))
+            self._refuse(RequestError(503, f"too many open connections (limit "
+                                      f"{f.config.max_connections}); retry later",
+                                      kind="server_error", code="too_many_connections",
+                                      headers={"Retry-After": "1"}))
+            return
+        f.connections.add(self)
+        self._arm("header", f.config.header_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        if data:
+            if self.phase == "idle":
+                self._arm("header", self.front.config.header_timeout_s)
+            elif self.phase == "busy" and self._body_done:
+                self._pipelined = True  # the next request's head, behind this one
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.front.connections.discard(self)
+        super().connection_lost(exc)
+
+    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            if self.transport is not None and self.phase == "busy":
+                if self._pipelined:
+                    self._arm("header", self.front.config.header_timeout_s)
+                else:
+                    self._arm("idle", self.front.config.idle_timeout_s)
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None, message: str | None = None
+                     ) -> web.StreamResponse:
+        """aiohttp's own errors (a request it cannot parse: 400; 5xx) as JSON. The
+        exception's text is neither logged nor sent: aiohttp quotes the raw header line."""
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started, cannot send an error")
+        if status >= 500:
+            log.debug("internal error", exc_info=exc)
+            err = RequestError(status, HTTPStatus(status).phrase.lower(), kind="server_error",
+                               code="internal_error")
+        else:
+            what = type(exc).__name__ if exc is not None else "bad request"
+            err = RequestError(status, f"malformed HTTP request ({what})", code="bad_http_request")
+        self.front.count(f"http_{status}")
+        resp = error_response(err, uuid.uuid4().hex)
+        resp.force_close()
+        return resp
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's tracebacks as one line (the exception type, never its text)."""
+        exc = kw.get("exc_info")
+        try:
+            msg = str(args[0]) % args[1:] if args else "error"
+        except (TypeError, ValueError):
+            msg = str(args[0])
+        log.error("%s (%s)", msg, type(exc).__name__ if isinstance(exc, BaseException) else "-")
+
+
+# ----------------------------------------------------------------------------- listening
+
+
+class Listener:
+    """A running server: :meth:`start` binds, :attr:`url` names the real port,
+    :meth:`close` stops accepting, closes the connections and cleans the app up."""
+
+    def __init__(self, front: HttpFront) -> None:
+        self.front = front
+        self.runner: web.AppRunner | None = None
+        self.server: asyncio.AbstractServer | None = None
+        self.url = ""
+
+    def handler_kwargs(self) -> dict[str, Any]:
+        c = self.front.config
+        return {
+            "access_log_class": AccessLog,
+            "access_log": access_log,
+            # aiohttp's own keep-alive timer only backs up ours (_Connection)
+            "keepalive_timeout": c.idle_timeout_s + c.header_timeout_s + 1.0,
+            "lingering_time": 0,  # an unread body closes the connection, never read on
+        }
+
+    async def start(self, host: str, port: int) -> str:
+        kw = self.handler_kwargs()
+        self.runner = web.AppRunner(self.front.make_app(), handle_signals=False, **kw)
+        await self.runner.setup()
+        manager = self.runner.server
+        assert manager is not None
+        loop = asyncio.get_running_loop()
+        front = self.front
+        self.server = await loop.create_server(
+            lambda: _Connection(manager, front, loop=loop, **kw), host, port)
+        sock = self.server.sockets[0].getsockname()
+        h = sock[0]
+        self.url = f"http://[{h}]:{sock[1]}" if ":" in h else f"http://{h}:{sock[1]}"
+        return self.url
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), 5)
+
+
 async def serve(front: HttpFront, host: str, port: int,
-                 ready: Callable[[str], None] | None = None) -> None:
+                ready: Callable[[str], None] | None = None) -> None:
     """Listen on ``host:port`` until SIGINT/SIGTERM; ``ready(url)`` once bound (port 0
     picks a free port; the URL names the real one). Logs "listening on URL"."""
-    runner = web.AppRunner(front.make_app(), access_log_format='%a "%r" %s %b %Tf')
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname() if site._server and site._server.sockets else (host, port)
-    h = bound[0]
-    url = f"http://[{h}]:{bound[1]}" if ":" in h else f"http://{h}:{bound[1]}"
+    listener = Listener(front)
+    url = await listener.start(host, port)
     log.info("listening on %s", url)
     if ready is not None:
         ready(url)
@@ -546,15 +1089,17 @@ async def serve(front: HttpFront, host: str, port: int,
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await listener.close()
 
 
 __all__ = [
     "CompletionRequest",
     "HttpConfig",
     "HttpFront",
+    "Listener",
     "RequestError",
     "cut_at_stop",
+    "log_target",
     "parse_request",
     "serve",
 ]

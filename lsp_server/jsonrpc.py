@@ -35,6 +35,19 @@ Strings with lone surrogates (``"\\ud800"``, legal JSON, impossible in UTF-8) ge
 U+FFFD in their place: one UTF-16 unit for one, so positions stay where the client
 put them.
 
+Exit: ``exit`` is handled here, not by pygls (whose handler closes stdout and raises
+SystemExit from inside a message callback). It closes the gate of :class:`ClientWriter`
+and stops the read loop; every later write -- a model load cancelled at exit sending its
+``$/progress`` end, a cancelled request's answer -- is dropped, never written to a
+closed stream. A write that fails (closed file, broken pipe) logs one line and stops the
+read loop too.
+
+Error answers to requests (a handler raised) are logged here, in one place
+(:meth:`DiffillProtocol._send_handler_result`): one WARNING line for an error the
+handler chose (InvalidParams, ...), one ERROR line for an internal error; the traceback
+only when DEBUG is enabled (``diffill serve --debug``). RequestCancelled answers (latest
+wins, ``$/cancelRequest``, shutdown) are routine and not logged.
+
 Nothing here logs message contents (they hold buffer text).
 """
 
@@ -47,11 +60,12 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any, BinaryIO, Protocol
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInternalError, JsonRpcRequestCancelled
 from pygls.io_ import StdoutWriter
 from pygls.protocol import LanguageServerProtocol
 
@@ -66,6 +80,8 @@ MAX_HEADER_LINE = 8192
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Bodies claiming more are skipped (a 10 MB document fits many times over)."""
 CHUNK = 1 << 20
+EXIT_GRACE_S = 0.25
+"""After ``exit`` or end of input, how long tasks left get to finish their cancellation."""
 
 _CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*([^\r\n]*)", re.IGNORECASE)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -87,14 +103,88 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, (int, str)) and not isinstance(value, bool)
 
 
+class ClientWriter:
+    """The gate every message to the client passes (pygls calls ``write`` and ``close``).
+
+    Closed by ``exit`` or by the first failed write (closed file, broken pipe, a TCP
+    transport that is closing); from then on writes are dropped. pygls answers a failed
+    write by logging its traceback and reporting the error to the client -- another
+    write, which fails again, recursively: a flood of chained tracebacks (issue 14).
+    Here a failed write logs one line and calls ``on_lost`` (which stops the read loop)."""
+
+    def __init__(self, inner: Any, on_lost: Callable[[], None] | None = None) -> None:
+        self.inner = inner
+        self.on_lost = on_lost
+        self.closed = False
+        self.dropped = 0
+        """Messages dropped because the gate was closed."""
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> Any:
+        with self._lock:
+            if self.closed:
+                self.dropped += 1
+                return None
+            closing = getattr(self.inner, "is_closing", None)
+            try:
+                if closing is not None and closing():
+                    raise ConnectionResetError("the transport is closing")
+                return self.inner.write(data)
+            except (OSError, ValueError) as e:  # ValueError: I/O operation on closed file
+                self.closed = True
+                err = e
+        log.warning("connection to the client lost (%s: %s); no more messages are sent",
+                    type(err).__name__, err)
+        if self.on_lost is not None:
+            self.on_lost()
+        return None
+
+    def close(self) -> None:
+        """Close the gate and the stream (the client sees end of output)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            with contextlib.suppress(OSError, ValueError):
+                self.inner.close()
+
+
 class DiffillProtocol(LanguageServerProtocol):
     """pygls's LanguageServerProtocol behind an envelope and lifecycle gate."""
 
     def __init__(self, server: Any, converter: Any) -> None:
         super().__init__(server, converter)
         self.initialize_seen = False
+        self.exited = False
         self.rejected: dict[int, int] = {}
         """error code -> how many messages got it (diffill/status, tests)."""
+        self._methods: dict[Any, str] = {}
+        """request id -> method, for the log line of an error answer."""
+
+    # -- transport --------------------------------------------------------------------------
+    def set_writer(self, writer: Any, include_headers: bool = True) -> None:
+        if not isinstance(writer, ClientWriter):
+            writer = ClientWriter(writer, self._stop_reading)
+        super().set_writer(writer, include_headers)
+
+    def _stop_reading(self) -> None:
+        stop = getattr(self._server, "_stop_event", None)
+        if stop is not None:
+            stop.set()
+
+    def handle_exit(self) -> None:
+        """The ``exit`` notification: nothing is sent after it, and the read loop ends;
+        the caller (``diffill serve``) ends the process with :attr:`exit_code`."""
+        self.exited = True
+        log.info("exit (code %d)", self.exit_code)
+        if self.writer is not None:
+            self.writer.close()
+        self._stop_reading()
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a shutdown request, 1 otherwise (LSP ``exit`` semantics)."""
+        return 0 if self._shutdown else 1
 
     # -- pygls bookkeeping --------------------------------------------------------------------
     def _execute_handler(self, msg_id: Any, handler: Any, callback: Any,
@@ -111,6 +201,27 @@ class DiffillProtocol(LanguageServerProtocol):
             callback(future)
 
         super()._execute_handler(msg_id, handler, done, args, kwargs)
+
+    def _send_handler_result(self, future: Any, *, msg_id: Any) -> None:
+        """Answer a request from its handler's future (pygls's callback, with one log line
+        per error answer instead of pygls's ERROR traceback for each)."""
+        self._request_futures.pop(msg_id, None)
+        method = self._methods.pop(msg_id, "request")
+        if future.cancelled():
+            self._send_response(msg_id, error=JsonRpcRequestCancelled(
+                f'Request with id "{msg_id}" is canceled').to_response_error())
+            return
+        exc = future.exception()
+        if exc is None:
+            self._send_response(msg_id, result=future.result())
+            return
+        if isinstance(exc, JsonRpcException):  # an answer the handler chose (InvalidParams, ...)
+            error, level = exc, logging.WARNING
+        else:  # a bug or a fault: -32603, with the traceback in ``data`` as pygls sends it
+            error, level = JsonRpcInternalError.of((type(exc), exc, exc.__traceback__)), logging.ERROR
+        log_error(log, level, f"{method} (id {msg_id!r}) answered with error {error.code}: "
+                  f"{type(exc).__name__}: {exc}", exc)
+        self._send_response(msg_id, error=error.to_response_error())
 
     # -- answers ----------------------------------------------------------------------------
     def send_error(self, msg_id: Any, code: int, message: str) -> None:
@@ -191,11 +302,15 @@ class DiffillProtocol(LanguageServerProtocol):
             return
         if method == types.INITIALIZE:
             self.initialize_seen = True
+        self._methods[msg_id] = method
         self._dispatch(message)
 
     def _notification(self, data: dict[str, Any], method: str) -> None:
         data.setdefault("params", None)
-        if method != types.EXIT and (not self.initialize_seen or self._shutdown):
+        if method == types.EXIT:
+            self.handle_exit()
+            return
+        if not self.initialize_seen or self._shutdown:
             log.info("dropped notification %s (%s)", method,
                      "before initialize" if not self.initialize_seen else "after shutdown")
             return
@@ -219,7 +334,16 @@ class DiffillProtocol(LanguageServerProtocol):
         try:
             self.handle_message(message)
         except Exception as e:  # pygls answers requests itself; this is a last resort
-            log.exception("cannot handle a message: %s", type(e).__name__)
+            log_error(log, logging.ERROR, f"cannot handle a message: {type(e).__name__}: {e}", e)
+        msg_id = getattr(message, "id", None)
+        if msg_id is not None and msg_id not in self._request_futures:
+            self._methods.pop(msg_id, None)  # answered at once (or never handled): forget it
+
+
+def log_error(logger: logging.Logger, level: int, message: str, exc: BaseException) -> None:
+    """One log line for an exception; its traceback only when ``logger`` logs DEBUG
+    (``diffill serve --debug``)."""
+    logger.log(level, "%s", message, exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None)
 
 
 # ----------------------------------------------------------------------------- framing
@@ -323,16 +447,40 @@ async def read_messages(
             log.error("cannot handle a message: %s: %s", type(e).__name__, e)
 
 
+def run_loop(main: Coroutine[Any, Any, None], grace: float = EXIT_GRACE_S) -> None:
+    """Run ``main`` on a new event loop; when it ends, cancel the tasks left (a model
+    load, requests in flight) and give them ``grace`` seconds to finish -- not forever,
+    as ``asyncio.run`` does. A task can outlive its cancellation: Python 3.11's
+    ``asyncio.wait_for`` drops a cancel that arrives as its future completes, which kept
+    a model load awaiting its progress token running until the model had loaded. Tasks
+    still pending are abandoned with the loop left open: the caller ends the process."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main)
+    finally:
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            done, pending = loop.run_until_complete(asyncio.wait(pending, timeout=grace))
+            for task in done:  # retrieve the outcome: no "exception never retrieved" noise
+                if not task.cancelled():
+                    task.exception()
+        if pending:
+            log.info("%d task(s) still running at exit, not waited for", len(pending))
+        else:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+
 def start_io(server: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
     """Serve one client on stdio (pygls's ``start_io`` with this framing)."""
     server._stop_event = stop = threading.Event()
     reader = StdinReader(stdin or sys.stdin.buffer, server.thread_pool)
     server.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
     try:
-        asyncio.run(read_messages(reader, server.protocol, stop))
-    except BrokenPipeError:
-        log.error("connection to the client lost; shutting down")
-    except (KeyboardInterrupt, SystemExit):
+        run_loop(read_messages(reader, server.protocol, stop))
+    except KeyboardInterrupt:
         pass
     finally:
         server.shutdown()
@@ -345,10 +493,8 @@ def start_tcp(server: Any, host: str, port: int,
 
     async def connection(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         server.protocol.set_writer(w)
-        # the ``exit`` notification raises SystemExit here: end serve_forever, not just this task
-        with contextlib.suppress(SystemExit):
-            await read_messages(StreamLineReader(r), server.protocol, stop)
-        server.shutdown()
+        await read_messages(StreamLineReader(r), server.protocol, stop)
+        server.shutdown()  # end of input or ``exit``: end serve_forever, not just this task
 
     async def main() -> None:
         srv = await asyncio.start_server(connection, host, port, limit=MAX_HEADER_LINE * 2)
@@ -360,8 +506,8 @@ def start_tcp(server: Any, host: str, port: int,
             await srv.serve_forever()
 
     try:
-        asyncio.run(main())
-    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        run_loop(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
         pass
     finally:
         server.shutdown()

@@ -14,6 +14,9 @@ import msgspec
 from msgspec import Meta
 
 MultilinePolicy = Literal["auto", "always-single", "always-multi"]
+RecipeName = Literal["dreamon", "diffucoder-instruct", "dream", "open-dcoder", "coda", "llada",
+                     "diffill", "generic"]
+"""Family infilling recipes (``diffill.model.recipes.RECIPE_NAMES``; a test keeps them equal)."""
 BackendName = Literal["local", "openai"]
 """``local``: the model in this process; ``openai``: an OpenAI-compatible
 ``/v1/completions`` endpoint (``diffill serve-http``, vLLM, SGLang; :mod:`.remote`)."""
@@ -25,7 +28,11 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     enabled: bool = True
     backend: BackendName = "local"
     model_path: str | None = None
-    """Checkpoint folder; ``None`` = the shipped default model."""
+    """Checkpoint folder, or the name of a checkpoint fetched with ``diffill pull``;
+    ``None`` = the shipped default model."""
+    recipe: RecipeName | None = None
+    """Family infilling recipe to use instead of the one chosen from the checkpoint
+    (canvas start/end tokens, the tokens that end a middle); ``None`` = chosen by the loader."""
     device: str = "cpu"
     """Torch device string: ``cpu``, ``cuda``, ``cuda:1``, ... (``auto`` = cuda when available)."""
     latency_budget_ms: Annotated[float, Meta(gt=0, le=60_000)] | None = None

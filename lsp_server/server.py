@@ -14,6 +14,13 @@ InvalidParams error (position outside the document) or RequestCancelled (-32800,
 after ``$/cancelRequest``).
 
 Buffer contents are never logged unless the server runs with ``--debug-log-buffers``.
+An error answer logs one line (WARNING; ERROR for an internal error), its traceback only
+with ``--debug`` (:mod:`.jsonrpc`).
+
+Test hook: the environment variable ``DIFFILL_DEBUG_LOAD_DELAY_MS=N`` makes every model
+load wait N ms on the worker thread before it starts, so end-to-end tests can act while
+the model is still loading (an editor closed right after opening a file). Never set it
+in normal use.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -29,7 +37,7 @@ from typing import Any
 
 import msgspec
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams
+from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
 from .. import __version__
@@ -39,7 +47,7 @@ from .completer import Completer, Suggestion
 from .context import Snippet
 from .encoding import LineIndex, PositionError
 from .items import completion_items, inline_items
-from .jsonrpc import DiffillProtocol
+from .jsonrpc import DiffillProtocol, log_error
 from .options import CompletionOptions, options_from
 from .scheduler import LatencyStats, Scheduler, Superseded, TypeaheadCache
 
@@ -49,9 +57,18 @@ STATUS_METHOD = "diffill/status"
 TRIGGER_CHARACTERS = [".", "(", "[", "{", ","]
 EXTRA_SNIPPET_LINES = 12
 EXTRA_MAX_DOCS = 3
-RELOAD_FIELDS = ("backend", "model_path", "device", "max_steps", "remote_url", "remote_model",
+RELOAD_FIELDS = ("backend", "model_path", "recipe", "device", "max_steps", "remote_url", "remote_model",
                  "api_key_env", "remote_timeout_ms", "remote_retries")
 """Options whose change means building the backend again."""
+LOAD_DELAY_ENV = "DIFFILL_DEBUG_LOAD_DELAY_MS"
+
+
+def debug_load_delay() -> float:
+    """Seconds from ``DIFFILL_DEBUG_LOAD_DELAY_MS`` (test hook; 0 when unset or bad)."""
+    try:
+        return max(0.0, float(os.environ.get(LOAD_DELAY_ENV, "0")) / 1000.0)
+    except ValueError:
+        return 0.0
 
 
 @dataclass
@@ -133,7 +150,17 @@ class DiffillServer(LanguageServer):
     @property
     def exit_code(self) -> int:
         """0 after a shutdown request, 1 otherwise (LSP ``exit`` semantics)."""
-        return 0 if getattr(self.protocol, "_shutdown", False) else 1
+        return self.protocol.exit_code
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        """pygls's hook for errors outside a request's answer (a notification handler
+        raised, ...): one log line (the traceback with ``--debug``) and a message to the
+        user. A request's error is already in its answer and logged by the protocol."""
+        if source is FeatureRequestError:
+            return
+        log_error(log, logging.WARNING, f"{source.__name__}: {type(error).__name__}: {error}", error)
+        self.window_show_message(types.ShowMessageParams(
+            message=f"diffill: error in server: {error}", type=types.MessageType.Error))
 
     # ----------------------------------------------------------------- options & model
     def apply_settings(self, raw: Any) -> None:
@@ -172,6 +199,9 @@ class DiffillServer(LanguageServer):
             factory = BACKENDS[opts.backend]
 
             def work() -> Backend:
+                delay = debug_load_delay()
+                if delay:
+                    time.sleep(delay)
                 backend = factory(opts.model_path, opts.device, max_steps=opts.max_steps, options=opts)
                 backend.warmup()
                 return backend
@@ -199,10 +229,21 @@ class DiffillServer(LanguageServer):
         if not self._supports_progress():
             return None
         token = f"diffill-load-{uuid.uuid4().hex[:8]}"
+        # asyncio.wait, not wait_for: Python 3.11's wait_for drops a cancel that arrives as
+        # the answer does, and the cancelled load would go on (at exit, or after a reload).
+        create = asyncio.ensure_future(self.work_done_progress.create_async(token))
         try:
-            await asyncio.wait_for(self.work_done_progress.create_async(token), 5.0)
-        except Exception as e:  # client refused or did not answer: no progress UI
-            log.info("no progress token: %s", e)
+            done, _ = await asyncio.wait({create}, timeout=5.0)
+        finally:
+            if not create.done():
+                create.cancel()
+        if not done:
+            log.info("no progress token: the client did not answer in 5 s")
+            return None
+        if create.cancelled():  # by pygls, at a shutdown request
+            return None
+        if create.exception() is not None:  # the client refused
+            log.info("no progress token: %s", create.exception())
             return None
         self.work_done_progress.begin(
             token, types.WorkDoneProgressBegin(title="diffill", message=message, cancellable=False)
@@ -435,6 +476,10 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: DiffillServer, params: None) -> None:
+        # pygls then cancels the requests in flight (answered RequestCancelled; a model
+        # step in flight stops at its next cancel check)
+        if ls._load_task is not None:
+            ls._load_task.cancel()  # a load not begun yet never starts, one running is dropped
         ls.scheduler.shutdown()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
@@ -532,7 +577,8 @@ class RedactBuffers(logging.Filter):
 def setup_logging(log_file: str | None, debug_log_buffers: bool, level: str | None = None) -> None:
     """Logs to ``log_file`` (or stderr; stdout is the LSP channel) at ``level`` (default
     INFO). Buffer contents are redacted at every level unless ``debug_log_buffers``
-    (which also means DEBUG). pygls's own records pass only at an explicit DEBUG level."""
+    (which also means DEBUG). pygls's own records pass only at an explicit DEBUG level, and
+    so do the tracebacks of error answers (:func:`.jsonrpc.log_error`)."""
     handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     if not debug_log_buffers:

@@ -14,7 +14,7 @@ family     checkpoints                                   shift  mask id
 =========  ============================================  =====  ==========
 qwen2      Dream 7B, Dream-Coder 7B, DiffuCoder 7B,       yes    config /
            Open-dCoder 0.5B (Qwen2 / Qwen2.5 shapes)             tokenizer
-qwen3      CoDA 1.7B (q_norm / k_norm, tied head)         yes    151669
+qwen3      CoDA 1.7B (q_norm / k_norm, separate lm_head)  yes    151669
 llama      plain Llama-shaped checkpoints                 yes    tokenizer
 llada      LLaDA 8B / 1.5 (own key names)                 no     126336
 diffill    diffill's own default model                    no     config
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from .recipes import CanvasRecipe
 
 
 class ConfigError(ValueError):
@@ -64,6 +66,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     # Free-form provenance/architecture names kept for ``diffill info``.
     architectures: list[str] = []
     torch_dtype: str | None = None
+    model_type: str = ""
+    # The family's infilling recipe resolved to ids (model/recipes.py), set by the loader.
+    # None: the canvas follows the special ids above ([BOS] prefix masks suffix [EOS]).
+    recipe: CanvasRecipe | None = None
 
     @property
     def num_params_estimate(self) -> int:
@@ -123,7 +129,7 @@ class Qwen2Dialect(_HFBase, kw_only=True):
 
 
 class Qwen3Dialect(_HFBase, kw_only=True):
-    """Qwen3 (CoDA): per-head RMSNorm on q and k, explicit head_dim, usually tied."""
+    """Qwen3 (CoDA): per-head RMSNorm on q and k, explicit head_dim (CoDA keeps a separate lm_head)."""
 
     def to_model_config(self) -> ModelConfig:
         bias = bool(self.attention_bias) if self.attention_bias is not None else False
@@ -183,6 +189,7 @@ def _hf_common(c: _HFBase, *, family: str, qkv_bias: bool, qk_norm: bool, shift:
         shift_logits=shift,
         architectures=list(c.architectures),
         torch_dtype=c.torch_dtype or c.dtype,
+        model_type=c.model_type.lower(),
     )
 
 
@@ -264,6 +271,7 @@ class LLaDADialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
             shift_logits=False,
             architectures=list(self.architectures),
             torch_dtype=self.torch_dtype,
+            model_type=self.model_type.lower(),
         )
 
 

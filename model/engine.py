@@ -34,7 +34,10 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
 With the defaults (batching on, everything else off) a request's result is
 the same as :func:`diffill.model.sampler.infill` on its own: both run the sampler's one
 decode loop (:func:`diffill.model.sampler.run_steps`); the engine adds the grouping, the
-shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs).
+shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs). A
+checkpoint whose recipe carries DreamOn's ``<|expand|>`` / ``<|delete|>`` tokens is
+decoded by :func:`diffill.model.dreamon.infill_dreamon` instead (the hole grows and
+shrinks; the candidate lengths are its starting lengths), chosen in :meth:`Engine._decode`.
 
 Candidate hole lengths (the one policy, :func:`default_lengths`). When the caller gives
 none, ``max_tokens`` and the number of distinct middles wanted (``candidates``) are turned
@@ -64,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .cache import DualCache, cached_steps
+from .dreamon import infill_dreamon, length_control_ids
 from .plan import (
     CTX_BUCKETS,
     DEFAULT_MAX_STEPS,
@@ -73,6 +77,7 @@ from .plan import (
     StepPlan,
     bucket,
     measure_plan,
+    plan_from_one_request,
 )
 from .runtime import ensure_cpu_threads
 from .sampler import (
@@ -251,6 +256,29 @@ class Engine:
                                      fit=fit, model_name=str(getattr(self.lm, "path", "")), **kw)
         return self.plan
 
+    def budget_ms(self, requested: float | None = None) -> float:
+        """The latency budget in force for a request (:class:`~diffill.model.plan.StepBudget`)."""
+        return self.budget.budget_ms(requested)
+
+    def warmup_on(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int = 32,
+                  candidates: int = 1) -> float:
+        """A one-shot caller's warm-up (``diffill complete``): one refinement step of this
+        request, timed (first-call costs included: pessimistic), and the step plan made from
+        that one shape (:func:`~diffill.model.plan.plan_from_one_request`). Milliseconds."""
+        req = self.make_request(prefix_ids, suffix_ids, max_tokens=max_tokens,
+                                candidates=candidates, steps=1)
+        t0 = time.perf_counter()
+        self.submit(req)
+        ms = (time.perf_counter() - t0) * 1000.0
+        hole = max(req.sampler.lengths)
+        ctx = canvas_length(self.config, len(prefix_ids), len(suffix_ids), hole) - hole
+        self.plan = plan_from_one_request(
+            ms, ctx, hole, len(req.sampler.lengths), self.budget.budget_ms(),
+            refresh_every=self.options.refresh_every, max_steps=self.budget.max_steps,
+            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+            model=str(getattr(self.lm, "path", "")))
+        return ms
+
     def warmup(self) -> StepPlan | None:
         """Measure the step plan (:meth:`measure_plan` with its defaults); its first calls
         pay the first call's overheads too. Returns the plan, or None for a model too small
@@ -408,7 +436,7 @@ class Engine:
     def _run_slots(self, group: list[_Slot]) -> None:
         """Run one batch (device lock held) and hand each slot its outcome."""
         try:
-            results = self._run([s.req for s in group])
+            results = self._decode([s.req for s in group])
             for s, r in zip(group, results, strict=True):
                 if isinstance(r, BaseException):
                     s.error = r
@@ -423,6 +451,21 @@ class Engine:
                 self._max_batch = max(self._max_batch, len(group))
             for s in group:
                 s.done.set()
+
+    def _decode(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
+        """The one place that picks the decoding: DreamOn's expand/delete length control
+        (:mod:`.dreamon`) when the checkpoint's recipe carries those tokens, else the
+        batched fixed-canvas loop (:meth:`_run`)."""
+        if length_control_ids(self.config) is None:
+            return self._run(batch)
+        out: list[list[Infill] | BaseException] = []
+        for r in batch:
+            try:
+                out.append(infill_dreamon(self.model, self.config, r.prefix_ids, r.suffix_ids,
+                                          r.sampler, r.cancel))
+            except InfillCancelled as e:
+                out.append(e)
+        return out
 
     # -- the batched denoising loop -----------------------------------------------------------
     def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:
@@ -474,6 +517,7 @@ class Engine:
         return {
             "model": str(getattr(self.lm, "path", "")),
             "family": self.config.family,
+            "recipe": None if self.config.recipe is None else self.config.recipe.name,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             **self.budget.summary(),

@@ -5,7 +5,9 @@ A checkpoint folder (Hugging Face layout) holds::
     config.json                       architecture + special tokens (any supported dialect)
     model.safetensors                 one weights file, or
     model-0000i-of-0000n.safetensors  shards listed in model.safetensors.index.json
-    tokenizer.json                    (plus optional tokenizer_config.json)
+    tokenizer.json                    (plus optional tokenizer_config.json), or the slow
+                                      layout vocab.json + merges.txt (+ added_tokens.json,
+                                      tokenizer_config.json) that Dream/DiffuCoder publish
 
 Loading goes in two phases so that a bad checkpoint costs nothing:
 
@@ -19,8 +21,12 @@ Loading goes in two phases so that a bad checkpoint costs nothing:
    them into the meta model, so each weight exists once (peak = model + one
    tensor) and the resident model does not depend on the file afterwards.
 
-Every failure raises :class:`CheckpointError`, :class:`~.config.ConfigError`
-or :class:`~.tokenizer.TokenizerError` (all ``ValueError``) with a message that
+The family's infilling recipe (:mod:`.recipes`) is chosen from the checkpoint in
+phase 1 (or named by the caller) and kept, resolved to ids, on the config.
+
+Every failure raises :class:`CheckpointError`, :class:`~.config.ConfigError`,
+:class:`~.tokenizer.TokenizerError` or :class:`~.recipes.RecipeError` (all
+``ValueError``) with a message that
 names the file and the field or tensor. Nothing built for a failed load stays
 referenced: there is no module-level cache.
 """
@@ -36,8 +42,11 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from torch.overrides import TorchFunctionMode
 
 from .config import ConfigError, ModelConfig, read_config
+from .recipes import CheckpointFacts, RecipeError, choose_recipe, resolve_recipe
+from .runtime import ensure_cpu_threads
 from .tokenizer import Tokenizer, TokenizerError
 from .transformer import Transformer
 from .weights import SKIP, map_name, to_checkpoint_names
@@ -46,7 +55,9 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "LoadedModel",
+    "RecipeError",
     "TokenizerError",
+    "check_checkpoint",
     "default_model_path",
     "load_model",
     "resolve_dtype",
@@ -307,11 +318,39 @@ def _read_tensors(
             raise CheckpointError(f"{path}: failed while reading tensor data ({e})") from e
 
 
+# In-place initialisers that nn.Module constructors call (nn.init.* and the tensor methods
+# they end in). On a meta tensor they have nothing to fill, yet some of them (normal_ on
+# meta runs a Python reference implementation) import torch._dynamo on first use: ~2.9 s
+# of a 3.4 s load of the shipped model on a 2-core machine. The skeleton skips them.
+_INIT_NAMES = frozenset({
+    "normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+    "xavier_uniform_", "xavier_normal_", "orthogonal_", "sparse_", "constant_", "ones_",
+    "zeros_", "eye_", "dirac_", "fill_", "zero_", "bernoulli_", "exponential_",
+})
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    """Inside it, the initialisers above return their (meta) tensor untouched."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _INIT_NAMES:
+            # nn.init.* passes its tensor by keyword, Tensor methods as self
+            t = args[0] if args else kwargs.get("tensor")
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return t
+        return func(*args, **kwargs)
+
+
+def _skeleton(cfg: ModelConfig) -> Transformer:
+    """The Transformer on the meta device (shapes, no storage, no initialisation)."""
+    with torch.device("meta"), _SkipMetaInit():
+        return Transformer(cfg)
+
+
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Transformer state_dict name -> shape, from a model on the meta device (no storage)."""
-    with torch.device("meta"):
-        skeleton = Transformer(cfg)
-    return {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    return {k: tuple(v.shape) for k, v in _skeleton(cfg).state_dict().items()}
 
 
 def _materialise(
@@ -321,14 +360,14 @@ def _materialise(
     dtype: torch.dtype,
     folder: Path,
 ) -> Transformer:
-    """Build the Transformer on the meta device and assign the checkpoint's tensors
-    to it, so every weight is allocated once. On any failure, everything built
-    here is released (locals dropped, traceback frames cleared) before raising."""
+    """Build the Transformer on the meta device (:func:`_skeleton`) and assign the
+    checkpoint's tensors to it, so every weight is allocated once. On any failure,
+    everything built here is released (locals dropped, traceback frames cleared)
+    before raising."""
     state: dict[str, torch.Tensor] = {}
     model: Transformer | None = None
     try:
-        with torch.device("meta"):
-            model = Transformer(cfg)
+        model = _skeleton(cfg)
         _read_tensors(plan, device, dtype, state)
         model.load_state_dict(state, strict=True, assign=True)
         leftover = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
@@ -383,38 +422,33 @@ def _check_special_ids(cfg: ModelConfig, tok: Tokenizer, source: Path) -> ModelC
     return cfg
 
 
-def load_model(
-    path: str | Path | None = None,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype | str | None = None,
-) -> LoadedModel:
-    """Load a checkpoint folder and return the resident model.
+def _apply_recipe(cfg: ModelConfig, tok: Tokenizer, override: str | None) -> ModelConfig:
+    """Choose the family recipe for this checkpoint (or the one named) and resolve it."""
+    facts = CheckpointFacts(
+        model_type=cfg.model_type or cfg.family,
+        architectures=tuple(cfg.architectures),
+        added_tokens=tok.added_tokens,
+        has_mask=cfg.mask_token_id is not None,
+    )
+    row, why = choose_recipe(facts, override)
+    roles = {
+        "bos": tok.named_ids.get("bos", cfg.bos_token_id),
+        "eos": tok.named_ids.get("eos", cfg.eos_token_id),
+        "pad": tok.named_ids.get("pad", cfg.pad_token_id),
+        "mask": cfg.mask_token_id,
+    }
+    if row.name in ("diffill", "generic"):  # these rows follow config.json's own ids
+        roles.update(bos=cfg.bos_token_id, eos=cfg.eos_token_id, pad=cfg.pad_token_id)
+    recipe = resolve_recipe(row, why, token_to_id=tok.token_to_id, roles=roles,
+                            vocab_size=cfg.vocab_size)
+    return cfg.replace(recipe=recipe)
 
-    path: the checkpoint folder; ``None`` = the shipped default model
-        (:func:`default_model_path`).
-    device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-    dtype: ``None`` = float32 on CPU, the config's ``torch_dtype`` on CUDA
-        (see :func:`resolve_dtype`); or an explicit ``torch.dtype`` / name.
 
-    Raises CheckpointError, ConfigError or TokenizerError (all ValueError) whose
-    message names the file and the field or tensor at fault.
-    """
-    folder = (Path(path) if path is not None else default_model_path()).expanduser().resolve()
-    if not folder.is_dir():
-        if path is None:
-            raise CheckpointError(
-                f"{folder}: the default model is not installed (no such folder); "
-                f"pass a checkpoint folder with --model / load_model(path)"
-            )
-        what = "is a file, not a checkpoint folder" if folder.exists() else "no such folder"
-        raise CheckpointError(f"{folder}: {what}")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {dev} requested but CUDA is not available")
-
+def _validate(
+    folder: Path, recipe: str | None
+) -> tuple[ModelConfig, Any, Tokenizer, list[Path], dict[str, _Entry]]:
+    """Phase 1: config, tokenizer, recipe and every safetensors header; reads no tensor data."""
     cfg, dialect = read_config(folder)
-    provenance = getattr(dialect, "provenance", None)
-    provenance = dict(provenance) if isinstance(provenance, dict) else {}
     tok = Tokenizer.from_folder(
         folder,
         mask_id=cfg.mask_token_id,
@@ -423,10 +457,71 @@ def load_model(
         bos_id=cfg.bos_token_id,
     )
     cfg = _check_special_ids(cfg, tok, folder)
-    target_dtype = resolve_dtype(cfg, dev, dtype)
+    cfg = _apply_recipe(cfg, tok, recipe)
     files, index = _weight_files(folder)
-
     plan = _scan(files, index, cfg, _expected_shapes(cfg))
+    return cfg, dialect, tok, files, plan
+
+
+def check_checkpoint(path: str | Path, recipe: str | None = None) -> ModelConfig:
+    """Validate a checkpoint folder as :func:`load_model` does before it reads any tensor
+    (config, tokenizer, recipe, safetensors headers, tensor names and shapes); returns the
+    config. Raises the same errors."""
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such folder")
+    return _validate(folder, recipe)[0]
+
+
+def load_model(
+    path: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    recipe: str | None = None,
+) -> LoadedModel:
+    """Load a checkpoint folder and return the resident model.
+
+    path: the checkpoint folder; ``None`` = the shipped default model
+        (:func:`default_model_path`); the name of a checkpoint fetched with
+        ``diffill pull`` (a short name or ``owner/repo``) is looked up in the local
+        pull registry (:mod:`.pulled`), never on the network.
+    device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
+    dtype: ``None`` = float32 on CPU, the config's ``torch_dtype`` on CUDA
+        (see :func:`resolve_dtype`); or an explicit ``torch.dtype`` / name.
+    recipe: name of a family recipe (:data:`.recipes.RECIPE_NAMES`) to use instead of the
+        one chosen from the checkpoint.
+
+    Raises CheckpointError, ConfigError, TokenizerError or RecipeError (all ValueError)
+    whose message names the file and the field or tensor at fault.
+    """
+    folder = (Path(path) if path is not None else default_model_path()).expanduser()
+    if path is not None and not folder.is_dir():
+        from .pulled import resolve_pulled  # local registry lookup; no network
+
+        folder = resolve_pulled(str(path)) or folder
+    folder = folder.resolve()
+    if not folder.is_dir():
+        if path is None:
+            raise CheckpointError(
+                f"{folder}: the default model is not installed (no such folder); "
+                f"pass a checkpoint folder with --model / load_model(path)"
+            )
+        what = "is a file, not a checkpoint folder" if folder.exists() else (
+            "no such folder, and no checkpoint of that name was pulled (diffill pull NAME)"
+        )
+        raise CheckpointError(f"{folder}: {what}")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {dev} requested but CUDA is not available")
+
+    cfg, dialect, tok, files, plan = _validate(folder, recipe)
+    provenance = getattr(dialect, "provenance", None)
+    provenance = dict(provenance) if isinstance(provenance, dict) else {}
+    target_dtype = resolve_dtype(cfg, dev, dtype)
+    # diffill's CPU thread default (as Engine applies it) before the weights are copied out
+    # of the map: with torch's own one-thread-per-core, each copy is a parallel region
+    # that waits for a descheduled thread on a busy machine (16 MB took ~0.3 s, not ~10 ms).
+    ensure_cpu_threads(dev)
     model = _materialise(cfg, plan, dev, target_dtype, folder)
     return LoadedModel(
         model=model,

@@ -78,6 +78,8 @@ from .sampler import (
     SpecialIds,
     StepSpec,
     build_canvas,
+    canvas_end,
+    canvas_start,
     denoise_step,
     infill,
     initial_state,
@@ -97,7 +99,7 @@ def default_budget_ms(device_type: str) -> float:
 
 
 class NoBucketFits(ValueError):
-    """The model's positions hold no shape bucket (a model for tests, far below 264)."""
+    """The model's positions hold not even the smallest hole bucket (8 slots)."""
 
 
 def bucket(n: int, buckets: Sequence[int]) -> int:
@@ -285,7 +287,7 @@ def time_ms(fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 
 def synthetic_request(cfg: Any, ctx: int, seed: int = 0) -> tuple[list[int], list[int]]:
     """Prefix and suffix ids (random ordinary tokens) whose canvas context is ``ctx`` tokens."""
     specials = {cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id}
-    n = max(0, ctx - (cfg.bos_token_id is not None) - (cfg.eos_token_id is not None))
+    n = max(0, ctx - len(canvas_start(cfg, 1)) - len(canvas_end(cfg)))
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
     ok = next(i for i in range(cfg.vocab_size) if i not in specials)
@@ -295,6 +297,18 @@ def synthetic_request(cfg: Any, ctx: int, seed: int = 0) -> tuple[list[int], lis
 
 
 @torch.inference_mode()
+def plan_from_one_request(ms: float, ctx_len: int, hole_len: int, rows: int, budget_ms: float,
+                          **kw: Any) -> StepPlan:
+    """The plan of a one-shot caller (``diffill complete``): one request's one-step time,
+    ``ms`` (its overhead included, so the prediction errs long), for its own shape bucket;
+    other shapes fall back to it (:meth:`StepPlan.choice`). ``kw``: :func:`plan_from_timings`'s."""
+    t = BucketTiming(bucket(ctx_len, CTX_BUCKETS), bucket(hole_len, HOLE_BUCKETS), rows,
+                     round(ms, 4), round(ms, 4))
+    return plan_from_timings([t], budget_ms,
+                             measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             **kw)
+
+
 def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
                    refresh_every: int = 1, repeats: int = 5, warmup: int = 1,
                    overhead: bool = True,
@@ -349,19 +363,27 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
     p = next(model.parameters())
     limit = getattr(cfg, "max_position_embeddings", 1 << 30)
     buckets = [(c, h) for c in ctx_buckets for h in hole_buckets if c + h <= limit]
+    measured_ctx = {b: b[0] for b in buckets}
+    if not buckets:  # a model smaller than the smallest context bucket: its longest context
+        c0 = min(ctx_buckets)  # stands in for that bucket (every request falls into it)
+        buckets = [(c0, h) for h in hole_buckets if h < limit]
+        measured_ctx = {(c, h): limit - h for c, h in buckets}
     if not buckets:
-        raise NoBucketFits(f"no bucket fits max_position_embeddings={limit}")
+        raise NoBucketFits(f"no hole bucket fits max_position_embeddings={limit}")
+
+    def timed(c: int, h: int, **kw: Any) -> BucketTiming:
+        t = measure_bucket(model, cfg, measured_ctx[(c, h)], h, rows=rows,
+                           refresh_every=refresh_every, repeats=repeats, statistic=statistic, **kw)
+        return msgspec.structs.replace(t, ctx=c)
+
     if fit:
         corners = sorted({min(buckets), max(buckets, key=lambda b: (b[0] + b[1], b))})
-        measured = [measure_bucket(model, cfg, c, h, rows=rows, refresh_every=refresh_every,
-                                   repeats=repeats, overhead=i == 0, statistic=statistic)
-                    for i, (c, h) in enumerate(corners)]
+        measured = [timed(c, h, overhead=i == 0) for i, (c, h) in enumerate(corners)]
         if len(measured) > 1:  # the overhead is per request, measured once
             measured[1] = msgspec.structs.replace(measured[1], overhead_ms=measured[0].overhead_ms)
         timings = fit_timings(measured, buckets)
     else:
-        timings = [measure_bucket(model, cfg, c, h, rows=rows, refresh_every=refresh_every,
-                                  repeats=repeats, statistic=statistic) for c, h in buckets]
+        timings = [timed(c, h) for c, h in buckets]
     return plan_from_timings(
         timings, budget_ms, refresh_every=refresh_every, min_steps=min_steps, max_steps=max_steps,
         threshold=threshold, device=str(p.device), dtype=str(p.dtype).removeprefix("torch."),

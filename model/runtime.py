@@ -14,7 +14,8 @@ Precedence, highest first:
 3. ``OMP_NUM_THREADS`` set by the user: torch read it at start-up, it is kept;
 4. the default above.
 
-:class:`~diffill.model.engine.Engine` calls :func:`ensure_cpu_threads` when built: it
+:func:`~diffill.model.loader.load_model` (on CPU, before it copies the weights) and
+:class:`~diffill.model.engine.Engine` (when built) call :func:`ensure_cpu_threads`: it
 applies 2--4 only if nothing was configured yet, and then never raises the thread
 count above what the process already uses (a test or host program that lowered it
 keeps its value). On CUDA the CPU thread count hardly matters and nothing is changed.

@@ -4,11 +4,14 @@ Canvas
 ------
 For every candidate hole length ``n`` the sampler builds::
 
-    [BOS] prefix [MASK]*n suffix [EOS]
+    start prefix [MASK]*n suffix end
 
-(BOS left out when ``cfg.bos_token_id`` is None; for a ``shift_logits`` model
-with neither BOS nor prefix, ``cfg.eos_token_id`` is put first so that slot 0
-has a position ``i - 1`` to be read from). All candidate lengths are
+where ``start`` / ``end`` and the tokens that end a middle come from the family's
+recipe (``cfg.recipe``, :mod:`diffill.model.recipes`: e.g. Dream's tokenizer BOS and
+EOS, nothing for Open-dCoder, ``<|startoftext|>``/``<|endoftext|>`` for LLaDA); without
+a recipe ``start`` = [BOS] (none when ``cfg.bos_token_id`` is None) and ``end`` = [EOS].
+For a ``shift_logits`` model with neither ``start`` nor prefix, the recipe's lead token
+(EOS) is put first so that slot 0 has a position ``i - 1`` to be read from. All candidate lengths are
 right-padded into ONE batch ``[L, T_max]`` with a key-padding attention mask and
 run in one forward per step. The LM head runs only at the ``N = max(n)`` hole
 slots of each row (``[L, N, D] -> [L, N, V]``), never over the whole canvas
@@ -209,11 +212,18 @@ class Infill:
 
 @dataclass(frozen=True)
 class SpecialIds:
+    """The ids the sampler needs, from the family recipe (``cfg.recipe``,
+    :mod:`diffill.model.recipes`) when the loader resolved one, else from the config's
+    special ids."""
+
     mask: int
     pad: int  # filler written after the first terminator and used for batch padding
-    terminators: tuple[int, ...]  # ids that end the middle (pad, eos)
+    terminators: tuple[int, ...]  # ids that end the middle
     bos: int | None
     eos: int | None
+    start: tuple[int, ...] = ()  # canvas tokens before the prefix
+    end: tuple[int, ...] = ()  # canvas tokens after the suffix
+    lead: int | None = None  # first token of a shift model's canvas with no start, no prefix
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> SpecialIds:
@@ -221,33 +231,40 @@ class SpecialIds:
             raise ValueError(
                 "ModelConfig.mask_token_id is None; a masked-diffusion model needs one"
             )
+        r = cfg.recipe
+        if r is not None:
+            return cls(r.mask, r.filler, r.terminators, cfg.bos_token_id, cfg.eos_token_id,
+                       r.start, r.end, r.lead)
         pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
         if pad is None:
             raise ValueError("ModelConfig has neither pad_token_id nor eos_token_id")
         terms = tuple(sorted({i for i in (cfg.pad_token_id, cfg.eos_token_id) if i is not None}))
-        return cls(cfg.mask_token_id, pad, terms, cfg.bos_token_id, cfg.eos_token_id)
+        bos, eos = cfg.bos_token_id, cfg.eos_token_id
+        return cls(cfg.mask_token_id, pad, terms, bos, eos,
+                   () if bos is None else (bos,), () if eos is None else (eos,),
+                   eos if eos is not None else pad)
 
 
 def canvas_start(cfg: ModelConfig, n_prefix: int) -> list[int]:
-    """The ids put before the prefix: [BOS], or for a shift model with neither BOS
-    nor prefix, [EOS] (so hole slot 0 has a position to be read from)."""
-    if cfg.bos_token_id is not None:
-        return [cfg.bos_token_id]
-    if cfg.shift_logits and n_prefix == 0:
-        sp = SpecialIds.from_config(cfg)
-        return [sp.eos if sp.eos is not None else sp.pad]
+    """The ids put before the prefix: the recipe's start ([BOS] without a recipe), or for
+    a shift model with neither start nor prefix, the lead token (so hole slot 0 has a
+    position to be read from)."""
+    sp = SpecialIds.from_config(cfg)
+    if sp.start:
+        return list(sp.start)
+    if cfg.shift_logits and n_prefix == 0 and sp.lead is not None:
+        return [sp.lead]
     return []
 
 
+def canvas_end(cfg: ModelConfig) -> list[int]:
+    """The ids put after the suffix: the recipe's end ([EOS] without a recipe)."""
+    return list(SpecialIds.from_config(cfg).end)
+
+
 def canvas_length(cfg: ModelConfig, n_prefix: int, n_suffix: int, n_hole: int) -> int:
-    """Length of the canvas ``[BOS] prefix [MASK]*n suffix [EOS]``."""
-    return (
-        len(canvas_start(cfg, n_prefix))
-        + n_prefix
-        + n_hole
-        + n_suffix
-        + (cfg.eos_token_id is not None)
-    )
+    """Length of the canvas ``start prefix [MASK]*n suffix end``."""
+    return len(canvas_start(cfg, n_prefix)) + n_prefix + n_hole + n_suffix + len(canvas_end(cfg))
 
 
 def _check_ids(ids: Sequence[int], vocab: int, what: str) -> None:
@@ -276,7 +293,7 @@ def _model_device(model: Any) -> torch.device:
     return torch.device(getattr(model, "device", "cpu"))
 
 
-def _seed_for(seed: int, n: int) -> int:
+def seed_for(seed: int, n: int) -> int:
     """Per-candidate generator seed: depends on the request seed and the hole length only."""
     return (seed * 1_000_003 + n * 7919) % (2**63 - 1)
 
@@ -410,7 +427,7 @@ def build_canvas(
     sp = SpecialIds.from_config(cfg)
     start = canvas_start(cfg, len(prefix_ids))
     head = start + list(prefix_ids)
-    tail = list(suffix_ids) + ([sp.eos] if sp.eos is not None else [])
+    tail = list(suffix_ids) + list(sp.end)
     s = len(head)
     n_max = max(lengths)
     T = s + n_max + len(tail)
@@ -613,7 +630,7 @@ def batch_rows(requests: Sequence[InfillRequest], device: torch.device | str) ->
             rows.owner.append(i)
             rows.length.append(n)
             rows.gen.append(None if seed is None else
-                            torch.Generator(device=device).manual_seed(_seed_for(seed, n)))
+                            torch.Generator(device=device).manual_seed(seed_for(seed, n)))
     return rows
 
 
@@ -734,10 +751,10 @@ def collect(out: Decoded, n_requests: int, terminators: tuple[int, ...], *,
     cands: list[list[Infill]] = [[] for _ in range(n_requests)]
     for r, (o, n) in enumerate(zip(out.rows.owner, out.rows.length, strict=True)):
         if o >= 0 and o not in out.cancelled:
-            mid, score = _trim(hole[r][:n], logp[r][:n], terminators)
+            mid, score = trim_middle(hole[r][:n], logp[r][:n], terminators)
             cands[o].append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
     return [out.cancelled[i] if i in out.cancelled
-            else _rank(cands[i], list(range(len(cands[i]))), dedup)
+            else rank_candidates(cands[i], list(range(len(cands[i]))), dedup)
             for i in range(n_requests)]
 
 
@@ -761,7 +778,7 @@ def decode(model: Any, cfg: ModelConfig, requests: Sequence[InfillRequest], *,
     return collect(out, len(requests), spec.terminators, dedup=dedup)
 
 
-def _trim(
+def trim_middle(
     hole: list[int], logp: list[float], terminators: tuple[int, ...]
 ) -> tuple[list[int], float]:
     """hole tokens [n] and their commit log-probs -> (middle, mean log-prob over middle + terminator)."""
@@ -774,7 +791,7 @@ def _trim(
     return hole[:end], float(sum(counted) / len(counted))
 
 
-def _rank(cands: list[Infill], order: list[int], dedup: bool) -> list[Infill]:
+def rank_candidates(cands: list[Infill], order: list[int], dedup: bool) -> list[Infill]:
     idx = sorted(range(len(cands)), key=lambda i: (-cands[i].score, order[i]))
     out: list[Infill] = []
     seen: set[tuple[int, ...]] = set()
@@ -843,12 +860,12 @@ def infill_reference(
     cands: list[Infill] = []
     for n in lengths:
         head = canvas_start(cfg, len(prefix_ids)) + list(prefix_ids)
-        tail = list(suffix_ids) + ([sp.eos] if sp.eos is not None else [])
+        tail = list(suffix_ids) + list(sp.end)
         canvas = head + [sp.mask] * n + tail
         s0 = len(head)
         masked = [True] * n
         logps = [0.0] * n
-        gen = torch.Generator(device=device).manual_seed(_seed_for(seed, n))
+        gen = torch.Generator(device=device).manual_seed(seed_for(seed, n))
         steps_run = 0
         for s in range(sc.steps):
             if cancel is not None and cancel():
@@ -899,6 +916,6 @@ def infill_reference(
                         canvas[s0 + j] = sp.pad
                         logps[j] = 0.0
                         masked[j] = False
-        mid, score = _trim(canvas[s0 : s0 + n], logps, sp.terminators)
+        mid, score = trim_middle(canvas[s0 : s0 + n], logps, sp.terminators)
         cands.append(Infill(ids=mid, length=n, score=score, steps=steps_run))
-    return _rank(cands, list(range(len(lengths))), dedup)
+    return rank_candidates(cands, list(range(len(lengths))), dedup)

@@ -1,7 +1,7 @@
 """The ``diffill`` command line.
 
 Each subcommand lives in its own module, on the side of the repository that owns it
-(``diffill.lsp_server.commands``: complete, serve, serve-http, info;
+(``diffill.lsp_server.commands``: complete, serve, serve-http, info, pull;
 ``diffill.evaluation.commands``: eval, bench; ``diffill.training.commands``: train,
 corpus), exposing ``add_parser(subparsers)`` (which returns the parser) and
 ``run(args) -> int``. A subcommand appears only when its module exists, so
@@ -52,6 +52,8 @@ COMMANDS: tuple[Command, ...] = (
             "train diffill's own masked-diffusion model on a pre-tokenised corpus"),
     Command("diffill.training.commands.corpus", "corpus", (),
             "build the permissively licensed Python corpus"),
+    Command("diffill.lsp_server.commands.pull", "pull", (),
+            "download a published checkpoint (the only command that goes online)"),
 )
 
 COMMAND_PACKAGES = ("diffill.lsp_server.commands", "diffill.evaluation.commands",

@@ -11,7 +11,7 @@ committed micro corpus (``tests/fixtures/micro_corpus.py``) with its own tiny
 BPE. It memorises that corpus well enough to fill its lines back in exactly
 (see ``tests/unit/training/test_train_learning.py``). Treat the folder as read-only.
 
-Building it takes about a minute of one CPU core, so the result is cached
+Building it takes minutes (5.5 on a shared 2-core box, 9 on another), so it is cached
 across sessions under ``$DIFFILL_TEST_CACHE`` (default
 ``<system tmp>/diffill-test-cache``) in a folder named after a hash of
 everything that determines it (corpus, training/data/model code, torch

@@ -6,6 +6,7 @@ Examples::
     diffill bench --model qwen2.5-1.5b --device cuda --ctx 1024 --holes 16 32 64 \\
         --steps 1 2 4 8 16 --json out.json --plot out.png
     diffill bench --model path/to/checkpoint --lsp 50   # plus end-to-end LSP latency
+    diffill bench --quick --no-ar --no-floors --first 5  # plus time to the first suggestion
 
 See :mod:`diffill.evaluation.bench` for what is measured.
 """
@@ -18,8 +19,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
@@ -67,6 +70,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="also time select-and-unmask (torch vs Triton) at this model's vocabulary")
     p.add_argument("--lsp", type=int, default=0, metavar="N",
                    help="also time N completion requests through `diffill serve` over stdio")
+    p.add_argument("--first", type=int, default=0, metavar="N",
+                   help="also time the first suggestion from fresh processes, N times each: "
+                        "`diffill complete` (start, import, model load, warm-up step, completion) "
+                        "and `diffill serve` (initialize, didOpen, completion requests until the "
+                        "first non-empty answer); medians")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="write a torch.profiler chrome trace of one infill (first grid point)")
     p.add_argument("--cache-quality", type=int, default=0, metavar="N",
@@ -168,6 +176,13 @@ def run(args: argparse.Namespace) -> int:
         else:
             result["lsp"] = bench_lsp(str(bm.lm.path if bm.lm else args.model), args.lsp,
                                       device=str(bm.device), log=log)
+    if args.first:
+        if bm.lm is None:
+            log("time to first suggestion needs a checkpoint folder with a tokenizer; skipped")
+            result["first_suggestion"] = None
+        else:
+            result["first_suggestion"] = bench_first_suggestion(
+                str(bm.lm.path), args.first, device=str(bm.device), threads=args.threads, log=log)
     print(bench.format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
@@ -311,6 +326,180 @@ def bench_lsp(model: str, n: int, *, device: str = "cpu", log=print,
             "server_p50_ms": status.get("p50_ms"),
             "overhead_p50_ms": None if model_p50 is None else round(p50 - model_p50, 3),
             "cache_hits": status.get("cache_hits", 0), "model_requests": status.get("model_requests")}
+
+
+# -- time to the first suggestion -------------------------------------------------------------------
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return round(statistics.median(vals), 4) if vals else None
+
+
+def first_document(n: int = 8) -> tuple[str, list[tuple[int, int]]]:
+    """:func:`_bench_document` with every ``total += v * k`` line cut after ``total += ``,
+    and the 0-based (row, col) of those line ends: holes where something is missing (a
+    cursor before ``v * k`` would have nothing to insert)."""
+    lines = _bench_document(n).split("\n")
+    targets = []
+    for i, ln in enumerate(lines):
+        if "total += " in ln:
+            lines[i] = ln[:ln.index("+= ") + 3]
+            targets.append((i, len(lines[i])))
+    return "\n".join(lines), targets
+
+
+def first_complete(model: str, file: Path, row: int, col: int, *, device: str = "cpu",
+                   threads: int | None = None, timeout: float = 300.0,
+                   env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One fresh ``diffill complete --json`` process: wall time from start to exit and the
+    phases it reports (import, model load, warm-up step, completion; a phase an older
+    diffill does not report is None). ``env``: the child's environment (default: ours)."""
+    argv = [sys.executable, "-m", "diffill.cli", "complete", str(file), "--line",
+            str(row + 1), "--col", str(col + 1), "--json", "--model", model, "--device", device]
+    if threads is not None:
+        argv += ["--threads", str(threads)]
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    wall = time.perf_counter() - t0
+    if p.returncode not in (0, 1):
+        raise RuntimeError(f"diffill complete exited {p.returncode}: {p.stderr.strip()[-500:]}")
+    d = json.loads(p.stdout)
+    warm = (d.get("warmup_ms") or 0.0) / 1e3
+    phases = (d.get("import_s") or 0.0) + d["load_s"] + warm + d["complete_ms"] / 1e3
+    return {"wall_s": wall, "import_s": d.get("import_s"), "load_s": d["load_s"],
+            "warmup_ms": d.get("warmup_ms"), "complete_ms": d["complete_ms"],
+            "startup_exit_s": wall - phases, "steps": d.get("steps"),
+            "over_budget": d.get("over_budget"), "budget_ms": d.get("latency_budget_ms"),
+            "suggested": bool(d["suggestions"])}
+
+
+def first_serve(model: str, targets: list[tuple[int, int]], text: str, *, device: str = "cpu",
+                threads: int | None = None, timeout: float = 300.0, poll_s: float = 0.02,
+                max_after_load: int = 32, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One fresh ``diffill serve`` on stdio, as an editor drives it: ``initialize``,
+    ``initialized``, ``didOpen``, then completion requests (cycling over ``targets``) until
+    the first non-empty answer (``first_suggestion_s`` None when ``max_after_load`` answers
+    of the loaded model were all empty). Seconds from the process start to each point."""
+    argv = [sys.executable, "-m", "diffill.cli", "serve", "--model", model,
+            "--device", device]
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    if threads is not None:
+        env["DIFFILL_THREADS"] = str(threads)
+    t0 = time.perf_counter()
+    client = StdioClient(argv, env=env)
+    out: dict[str, Any] = {}
+    try:
+        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
+                                      "capabilities": {"general": {"positionEncodings": ["utf-16"]}}},
+                       timeout=timeout)
+        out["initialize_s"] = time.perf_counter() - t0
+        client.notify("initialized", {})
+        out["initialized_s"] = time.perf_counter() - t0
+        uri = "file:///bench/first.py"
+        client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python",
+                                                                "version": 1, "text": text}})
+        loaded_s: float | None = None
+        empty_after_load = 0
+        i = 0
+        while True:
+            if time.perf_counter() - t0 > timeout:
+                raise TimeoutError(f"no suggestion within {timeout:g} s")
+            if loaded_s is None:
+                status = client.request("diffill/status", None, timeout=timeout) or {}
+                if status.get("error"):
+                    raise RuntimeError(f"server could not load the model: {status['error']}")
+                if status.get("loaded"):
+                    loaded_s = time.perf_counter() - t0
+            row, col = targets[i % len(targets)]
+            i += 1
+            t_req = time.perf_counter()
+            res = client.request("textDocument/completion",
+                                 {"textDocument": {"uri": uri}, "position": {"line": row, "character": col}},
+                                 timeout=timeout) or {}
+            items = res.get("items", []) if isinstance(res, dict) else res
+            if loaded_s is None and items:
+                loaded_s = t_req - t0  # the load ended while this request waited for its turn
+            if loaded_s is not None and "first_answer_ms" not in out:
+                out["first_answer_ms"] = (time.perf_counter() - t_req) * 1e3
+            if items:
+                out["first_suggestion_s"] = time.perf_counter() - t0
+                break
+            if loaded_s is None:
+                time.sleep(poll_s)
+                continue
+            empty_after_load += 1
+            if empty_after_load >= max_after_load:
+                out["first_suggestion_s"] = None
+                break
+        status = client.request("diffill/status", None, timeout=timeout) or {}
+    finally:
+        client.close()
+    out["loaded_s"] = loaded_s
+    out["requests"] = i
+    out["empty_answers_after_load"] = empty_after_load
+    out["model_p50_ms"] = status.get("model_p50_ms")
+    return out
+
+
+def bench_first_suggestion(model: str, n: int, *, device: str = "cpu", threads: int | None = None,
+                           log: Callable[[str], None] = print,
+                           timeout: float = 300.0) -> dict[str, Any]:
+    """Time to the first suggestion from fresh processes, ``n`` runs of each, medians:
+
+    * ``complete``: ``diffill complete --json`` on a file (the cursor after ``total += ``):
+      wall time start -> exit and the phases the command reports (import of torch and the
+      model code, model load, the warm-up step, the completion itself); ``startup_exit_s``
+      is the rest (interpreter start, argument parsing, output, exit).
+    * ``serve``: ``diffill serve`` on stdio: seconds from the process start to the
+      ``initialize`` answer, to the model being loaded (``diffill/status``, polled every
+      20 ms) and to the first non-empty completion. ``after_import_s`` is the first
+      suggestion's time after ``initialized`` less the import time measured by the
+      ``complete`` runs (the server loads the same modules on its worker thread after
+      ``initialized``): model load, warm-up and the first completions.
+    """
+    text, targets = first_document()
+    load_avg_before = os.getloadavg()
+    runs_c: list[dict[str, Any]] = []
+    runs_s: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="diffill-first-") as tmp:
+        src = Path(tmp) / "first.py"
+        src.write_text(text)
+        for k in range(n):  # interleaved, so a busy spell of the machine hits both alike
+            r = first_complete(model, src, *targets[0], device=device, threads=threads,
+                               timeout=timeout)
+            runs_c.append(r)
+            log(f"first suggestion, diffill complete #{k + 1}: {r['wall_s']:.2f} s (import "
+                f"{r['import_s']:.2f}, load {r['load_s']:.3f}, warm-up {r['warmup_ms'] or 0:.0f} ms, "
+                f"completion {r['complete_ms']:.0f} ms, {r['steps']} steps)")
+            s = first_serve(model, targets, text, device=device, threads=threads, timeout=timeout)
+            runs_s.append(s)
+            first = s["first_suggestion_s"]
+            log(f"first suggestion, diffill serve #{k + 1}: "
+                + (f"{first:.2f} s after start" if first is not None else
+                   f"none in {s['empty_answers_after_load']} answers")
+                + f" (initialize {s['initialize_s']:.2f} s, loaded {s['loaded_s'] or 0:.2f} s, "
+                f"{s['empty_answers_after_load']} empty answers after the load)")
+    import_s = _median([r["import_s"] for r in runs_c])
+    complete = {k: _median([r.get(k) for r in runs_c]) for k in
+                ("wall_s", "import_s", "load_s", "warmup_ms", "complete_ms", "startup_exit_s", "steps")}
+    complete["suggested"] = sum(r["suggested"] for r in runs_c)
+    complete["over_budget"] = sum(bool(r["over_budget"]) for r in runs_c)
+    complete["budget_ms"] = runs_c[0]["budget_ms"] if runs_c else None
+    serve = {k: _median([r.get(k) for r in runs_s]) for k in
+             ("initialize_s", "initialized_s", "loaded_s", "first_suggestion_s", "first_answer_ms",
+              "requests", "empty_answers_after_load", "model_p50_ms")}
+    after = [r["first_suggestion_s"] - r["initialized_s"] - import_s for r in runs_s
+             if import_s is not None and r["first_suggestion_s"] is not None]
+    serve["after_import_s"] = _median(after)
+    serve["suggested"] = sum(r["first_suggestion_s"] is not None for r in runs_s)
+    loaded_after = [r["loaded_s"] - r["initialized_s"] - import_s for r in runs_s
+                    if import_s is not None and r["loaded_s"] is not None]
+    serve["loaded_after_import_s"] = _median(loaded_after)
+    return {"n": n, "device": device, "model": model, "complete": complete, "serve": serve,
+            "runs": {"complete": runs_c, "serve": runs_s},
+            "load_average": {"before": [round(x, 2) for x in load_avg_before],
+                             "after": [round(x, 2) for x in os.getloadavg()]}}
 
 
 # -- dual-cache quality on held-out code ------------------------------------------------------------

@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ... import __version__
-from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
+from ...lsp_server.commands import (
+    add_recipe_option,
+    add_threads_option,
+    check_threads,
+    configure_threads,
+)
 from .. import frontier as fr
 from .. import report
 from ..generators import (
@@ -63,6 +68,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", metavar="DIR", default=None, help="checkpoint folder (default: the shipped model)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto (default cpu)")
+    add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--tasks", metavar="FILE", default=None,
                    help="human-eval-infilling jsonl (task_id, prompt, suffix, canonical_solution, test, "
@@ -172,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
                 context_tokens=args.context_tokens,
                 block="model" if args.block is None else (None if args.block == "none" else int(args.block)),
                 syntax_check=args.syntax_check,
+                recipe=args.recipe,
             )
         except (OSError, ValueError) as e:
             print(f"diffill eval: cannot load the model: {e}", file=sys.stderr)

@@ -18,6 +18,17 @@ THREADS_HELP = (
 )
 
 
+RECIPE_HELP = (
+    "family infilling recipe to use instead of the one chosen from the checkpoint "
+    "(dreamon, diffucoder-instruct, dream, open-dcoder, coda, llada, diffill, generic; "
+    "`diffill info` shows the one chosen and why)"
+)
+
+
+def add_recipe_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", default=None, metavar="NAME", help=RECIPE_HELP)
+
+
 def add_threads_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
 

@@ -19,7 +19,8 @@ import msgspec
 from ...model.attention import resolved_backend
 from ...model.loader import LoadedModel, load_model
 from ...model.plan import StepBudget, describe_plan, measure_plan
-from . import add_threads_option, check_threads, configure_threads
+from ...model.recipes import describe
+from . import add_recipe_option, add_threads_option, check_threads, configure_threads
 
 Section = Callable[[LoadedModel, argparse.Namespace], dict[str, Any]]
 
@@ -69,6 +70,12 @@ def special_tokens_section(lm: LoadedModel, args: argparse.Namespace) -> dict[st
     return out
 
 
+def recipe_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+    """The family infilling recipe the loader chose (model/recipes.py) and why."""
+    r = lm.config.recipe
+    return {} if r is None else describe(r, lm.tokenizer.id_to_token)
+
+
 def provenance_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     return dict(lm.provenance)
 
@@ -90,6 +97,7 @@ SECTIONS: list[tuple[str, Section]] = [
     ("model", model_section),
     ("runtime", runtime_section),
     ("special_tokens", special_tokens_section),
+    ("recipe", recipe_section),
     ("provenance", provenance_section),
     ("step_plan", step_plan_section),
 ]
@@ -139,9 +147,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--model",
         metavar="DIR",
         default=None,
-        help="checkpoint folder (default: the shipped model)",
+        help="checkpoint folder, or the name of a pulled checkpoint (default: the shipped model)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    add_recipe_option(p)
     add_threads_option(p)
     p.add_argument(
         "--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)"
@@ -167,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_threads(args, args.device)
     try:
-        lm = load_model(args.model, device=args.device, dtype=args.dtype)
+        lm = load_model(args.model, device=args.device, dtype=args.dtype, recipe=args.recipe)
     except (ValueError, RuntimeError, MemoryError) as e:
         print(f"diffill info: {e}", file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ import sys
 
 from ..options import CompletionOptions, merge_options
 from ..server import create_server, setup_logging
-from . import add_threads_option, check_threads, threads_to_env
+from . import add_recipe_option, add_threads_option, check_threads, threads_to_env
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,23 +21,31 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "client's initializationOptions / workspace settings (under \"diffill\") override them."
         ),
         epilog=(
-            "Test hook: the environment variable DIFFILL_DEBUG_STEP_DELAY_MS=N makes the local "
+            "Test hooks: the environment variable DIFFILL_DEBUG_STEP_DELAY_MS=N makes the local "
             "backend sleep N ms at every per-step cancel check, so tests get deterministic "
-            "slowness for cancellation; never set it in normal use."
+            "slowness for cancellation; DIFFILL_DEBUG_LOAD_DELAY_MS=N makes every model load "
+            "wait N ms first, so tests can act while the model loads. Never set them in normal use."
         ),
     )
-    p.add_argument("--model", default=None, metavar="DIR",
-                   help="checkpoint folder (default: the shipped default model)")
+    p.add_argument("--model", default=None, metavar="DIR|NAME",
+                   help="checkpoint folder or pulled checkpoint name (default: the shipped model)")
     p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1, auto")
+    add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--tcp", default=None, metavar="HOST:PORT", help="listen on TCP instead of stdio")
     p.add_argument("--stdio", action="store_true",
                    help="use stdin/stdout (the default; accepted because many clients pass it)")
     p.add_argument("--log-file", default=None, help="write logs here (default: stderr)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="log level (default info); buffer contents are redacted at every level ...")
+                   help="log level (default info); buffer contents are redacted at every level; "
+                        "a request answered with an error logs one WARNING line (ERROR for an "
+                        "internal error), its traceback only at debug")
+    p.add_argument("--debug", action="store_true",
+                   help="the same as --log-level debug: pygls's own records and the traceback "
+                        "of every error answer too (buffer contents still redacted)")
     p.add_argument("--debug-log-buffers", action="store_true",
-                   help="log DEBUG details including buffer contents (off by default)")
+                   help="--debug plus buffer contents (prefix/suffix, suggestions) in the log; "
+                        "off by default, never in normal use")
     return p
 
 
@@ -54,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raw["modelPath"] = args.model
     if args.device is not None:
         raw["device"] = args.device
+    if args.recipe is not None:
+        raw["recipe"] = args.recipe
     defaults, errors = merge_options(CompletionOptions(), raw)
     if errors:
         print("diffill serve: " + "; ".join(errors), file=sys.stderr)
@@ -63,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill serve: {err}", file=sys.stderr)
         return 2
     threads_to_env(args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
     hostport = None
     if args.tcp:
         try:
@@ -70,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"diffill serve: {e}", file=sys.stderr)
             return 2
-    setup_logging(args.log_file, args.debug_log_buffers, args.log_level)
+    setup_logging(args.log_file, args.debug_log_buffers, "debug" if args.debug else args.log_level)
     server = create_server(defaults, debug_log_buffers=args.debug_log_buffers)
     if hostport is not None:
         server.start_tcp(*hostport)

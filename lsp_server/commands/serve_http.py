@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..backends import load_local_backend
 from ..options import CompletionOptions, merge_options
-from . import add_threads_option, check_threads, threads_to_env
+from . import add_recipe_option, add_threads_option, check_threads, threads_to_env
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="checkpoint folder (default: the shipped default model)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto")
+    add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
@@ -48,10 +49,28 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="requests admitted at once (running + waiting); more get 429 (default 32)")
     p.add_argument("--workers", type=int, default=4, metavar="N",
                    help="threads running requests; the engine batches requests that meet (default 4)")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
-                   help="largest request body; larger ones get 413 (default 4 MiB)")
+    p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N",
+                   help="largest request body; larger ones get 413 (default 1 MiB; at most "
+                        "max-queue bodies are buffered at once)")
     p.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
-                   help="cancel a request (504) after this many seconds, queue wait included")
+                   help="answer 504 this many seconds after admission, queue wait included; "
+                        "the worker stops at its next diffusion step (default 60)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="close a connection whose request line and headers are not complete "
+                        "S seconds after it opened, or after a later request's first byte "
+                        "(408; default 10)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="close a request whose body has not fully arrived S seconds after "
+                        "its headers (408; default 30)")
+    p.add_argument("--idle-timeout", type=float, default=30.0, metavar="S",
+                   help="close a kept-alive connection idle for S seconds (default 30)")
+    p.add_argument("--max-connections", type=int, default=256, metavar="N",
+                   help="open connections at once; a new one beyond gets 503 (default 256)")
+    p.add_argument("--max-request-steps", type=int, default=64, metavar="N",
+                   help="largest 'steps' a request may ask for; more is a 400 (default 64)")
+    p.add_argument("--max-request-tokens", type=int, default=256, metavar="N",
+                   help="largest 'max_tokens'; more is a 400 (default 256, lowered to what the "
+                        "model's positions hold)")
     p.add_argument("--steps", type=int, default=None,
                    help="refinement steps per request (default: from --latency-budget-ms)")
     p.add_argument("--latency-budget-ms", type=float, default=None,
@@ -122,9 +141,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill serve-http: {err}", file=sys.stderr)
         return 2
     threads_to_env(args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
     from ..http_server import HttpConfig, HttpFront, serve  # needs aiohttp, checked above
 
     raw: dict[str, object] = {"modelPath": args.model, "device": args.device}
+    if args.recipe is not None:
+        raw["recipe"] = args.recipe
     for flag, wire in (("steps", "steps"), ("latency_budget_ms", "latencyBudgetMs"),
                        ("context_tokens", "contextTokens")):
         if getattr(args, flag) is not None:
@@ -133,11 +155,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         if errors:
             raise ValueError("; ".join(errors))
-        if (args.max_queue < 1 or args.workers < 1 or args.max_body_bytes < 1024
-                or args.request_timeout <= 0):
-            raise ValueError("--max-queue >= 1, --workers >= 1, --max-body-bytes >= 1024 and "
-                             "--request-timeout > 0")
         token = read_token(args)
+        config = HttpConfig(
+            token=token,
+            max_queue=args.max_queue,
+            workers=args.workers,
+            max_body_bytes=args.max_body_bytes,
+            request_timeout_s=args.request_timeout,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            idle_timeout_s=args.idle_timeout,
+            max_connections=args.max_connections,
+            max_request_steps=args.max_request_steps,
+            max_request_tokens=args.max_request_tokens,
+            model_names=model_names(args),
+            debug_log_buffers=args.debug_log_buffers,
+        )
+        try:
+            config.check()
+        except ValueError as e:  # name the flag, not the field (max_queue_s -> --max-queue)
+            field, _, rule = str(e).partition(" must be ")
+            flag = "--" + field.removesuffix("_s").replace("_", "-")
+            raise ValueError(f"{flag} must be {rule}") from None
     except ValueError as e:
         print(f"diffill serve-http: {e}", file=sys.stderr)
         return 2
@@ -152,19 +191,10 @@ def run(args: argparse.Namespace) -> int:
             "listening on %s without a token: anyone who can reach the port can use the model "
             "(see --token-env / --api-key-file)", args.host)
 
-    config = HttpConfig(
-        token=token,
-        max_queue=args.max_queue,
-        workers=args.workers,
-        max_body_bytes=args.max_body_bytes,
-        request_timeout_s=args.request_timeout,
-        model_names=model_names(args),
-        debug_log_buffers=args.debug_log_buffers,
-    )
     front = HttpFront(
         options, config,
-        loader=lambda: load_local_backend(options.model_path, options.device, max_steps=options.max_steps,
-                                          options=options),
+        loader=lambda: load_local_backend(options.model_path, options.device,
+                                          max_steps=options.max_steps, options=options),
     )
     def ready(url: str) -> None:
         print(f"diffill serve-http: listening on {url}", file=sys.stderr, flush=True)

@@ -2,7 +2,9 @@
 
 * a CI-sized run of scripts/loadtest_http.py: concurrent clients, every request
   answered exactly once with its own completion (X-Request-Id echo, unique ids, and
-  temperature-0 answers identical to the same prompts sent alone afterwards);
+  temperature-0 answers identical to the same prompts sent alone afterwards with the
+  steps they got under load: no crossed answers); with the step count left to the
+  latency budget, a step drift under load is reported apart from crossings;
 * a full queue answers 429 with Retry-After and loses nothing;
 * team serving end to end: the language server with ``backend = "openai"`` talking
   to serve-http (bearer token from the environment) gives the same suggestions as
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -43,12 +46,12 @@ def health(base: str) -> dict:
         return json.load(r)
 
 
-def start_http(model: Path, tmp: Path, *flags: str, env: dict[str, str] | None = None
-               ) -> tuple[subprocess.Popen, str]:
+def start_http(model: Path, tmp: Path, *flags: str, env: dict[str, str] | None = None,
+               steps: int | None = 2) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "diffill.cli", "serve-http", "--model", str(model),
-         "--port", str(port), "--steps", "2", *flags],
+         "--port", str(port), *(["--steps", str(steps)] if steps else []), *flags],
         stdout=subprocess.DEVNULL, stderr=open(tmp / f"http-{port}.err", "wb"),  # noqa: SIM115
         env=server_env(env))
     base = f"http://127.0.0.1:{port}"
@@ -99,12 +102,39 @@ def test_load_every_request_gets_its_own_answer(team_server: str, tmp_path: Path
         print(f"\n[load] {rep['total']} requests, {rep['clients']} clients: {rep['requests_per_s']} "
               f"req/s, p50 {rep['p50_ms']} ms, p95 {rep['p95_ms']} ms, errors {rep['errors']}, "
               f"429s {rep['rejected_429']}, lost {rep['lost']}, verified {rep['verified']} "
-              f"(mismatched {rep['mismatched']}); engine: {h['engine_requests']} requests in "
+              f"(crossed {rep['crossed']}, unexplained {rep['unexplained']}, distinguishable "
+              f"{rep['distinguishable']}); engine: {h['engine_requests']} requests in "
               f"{h['engine_batches']} batches (max {h['engine_max_batch_requests']} per batch)")
     assert rep["lost"] == 0 and rep["errors"] == 0
     assert rep["ok"] == rep["total"] == 120
     assert rep["duplicate_ids"] == 0 and rep["wrong_request_id"] == 0
-    assert rep["verified"] == 24 and rep["mismatched"] == 0
+    assert rep["verified"] == 24 and rep["crossed"] == 0 and rep["unexplained"] == 0
+    assert rep["steps_reported"] and rep["steps_drifted"] == 0  # --steps 2: nothing to drift
+    assert rep["steps_under_load"] == {"min": 2, "median": 2, "max": 2}  # steps_planned
+
+
+def test_load_with_budget_steps_reports_drift_apart_from_crossings(model_dir: Path,
+                                                                    tmp_path: Path, capsys):
+    """Steps from the latency budget: whatever the step policy does under load shows as
+    ``steps_drifted`` / ``differs_by_steps``, never as a crossed answer."""
+    proc, base = start_http(model_dir, tmp_path, "--max-queue", "64", "--workers", "4",
+                            "--token-env", TOKEN_ENV, steps=None, env={TOKEN_ENV: TOKEN})
+    try:
+        rep = loadtest(base, tmp_path, "--clients", "6", "--requests", "8", "--verify", "16")
+    finally:
+        stop(proc)
+    with capsys.disabled():
+        print(f"\n[load, budget steps] steps taken under load {rep['steps_under_load']}, alone "
+              f"{rep['steps_alone']}: drifted {rep['steps_drifted']} of {rep['verified']}; "
+              f"answers that differ from alone without a step count to reproduce them "
+              f"{rep['differs_unverified']}; crossed {rep['crossed']}")
+    assert rep["lost"] == 0 and rep["errors"] == 0 and rep["ok"] == 48
+    assert rep["verified"] == 16 and rep["crossed"] == 0 and rep["unexplained"] == 0
+    # the budget's step count is chosen inside the engine, by a plan frozen at warm-up
+    # (not reported as steps_planned): the same steps under load as alone, no drift
+    assert rep["steps_reported"] and rep["steps_alone"] is not None
+    assert rep["differs_by_steps"] == 0
+    assert rep["steps_drifted"] == 0 and rep["differs_unverified"] == 0
 
 
 def test_full_queue_answers_429_and_loses_nothing(model_dir: Path, tmp_path: Path):
@@ -161,3 +191,48 @@ def test_language_server_over_serve_http(team_server: str, model_dir: Path, tmp_
     assert got == want
     assert st["model_requests"] == len(docs) and st["errors"] == 0
     assert TOKEN not in json.dumps(st) and TOKEN not in log.read_text()
+
+
+def test_log_file_never_holds_the_token_and_errors_are_one_line(model_dir: Path, tmp_path: Path):
+    """The real CLI's log (--log-file): hostile requests from outside, each one line, no
+    traceback, no token -- whether it came as a query parameter, in a header with a
+    control character, or as a non-UTF-8 Authorization value."""
+    log = tmp_path / "serve-http.log"
+    proc, base = start_http(model_dir, tmp_path, "--token-env", TOKEN_ENV, "--log-file", str(log),
+                            env={TOKEN_ENV: TOKEN})
+    port = int(base.rsplit(":", 1)[1])
+    sent = [
+        f"GET /v1/models?api_key={TOKEN} HTTP/1.1\r\nHost: t\r\n\r\n".encode(),
+        f"GET /v1/models?token={TOKEN}&x=1 HTTP/1.1\r\nHost: t\r\n\r\n".encode(),
+        f"GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {TOKEN}\x01\r\n\r\n".encode(),
+        b"GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + TOKEN.encode()
+        + b"\xff\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + TOKEN.encode()
+        + b"\r\nContent-Encoding: gzip\r\nContent-Length: 8\r\n\r\nnot-gzip",
+        b"OPTIONS /v1/completions HTTP/1.1\r\nHost: t\r\nOrigin: http://x\r\n\r\n",
+    ]
+    try:
+        answers = []
+        for data in sent:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(data)
+                out = b""
+                while chunk := s.recv(65536):  # one response, then the connection is kept
+                    out += chunk
+                    head, sep, body = out.partition(b"\r\n\r\n")
+                    m = re.search(rb"(?i)content-length: *(\d+)", head)
+                    if sep and m and len(body) >= int(m.group(1)):
+                        break
+                answers.append(out)
+        time.sleep(0.3)
+    finally:
+        stop(proc)
+    statuses = [int(a.split(b" ", 2)[1]) for a in answers]
+    assert statuses == [401, 401, 400, 401, 400, 405]
+    assert all(b"application/json" in a for a in answers)
+    text = log.read_text(errors="replace")
+    assert TOKEN not in text and TOKEN[3:-3] not in text
+    assert "Traceback" not in text
+    access = [ln for ln in text.splitlines() if "diffill.http.access" in ln]
+    assert len(access) == len(sent), access  # one line per request
+    assert sum("<redacted>" in ln for ln in access) == 2

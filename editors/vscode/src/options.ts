@@ -6,6 +6,7 @@
 export const SERVER_OPTIONS = [
   'enabled',
   'modelPath',
+  'recipe',
   'device',
   'latencyBudgetMs',
   'maxTokens',

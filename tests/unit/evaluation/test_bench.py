@@ -114,3 +114,39 @@ def test_cache_quality_on_a_tiny_checkpoint(tmp_path):
     assert [r["refresh_every"] for r in rows] == [1, 3]
     assert rows[0]["agreement_with_uncached"] == 1.0
     assert all(0 <= r["exact_match"] <= 1 and 0 <= r["agreement_with_uncached"] <= 1 for r in rows)
+
+
+def test_first_document_cuts_the_target_lines():
+    from diffill.evaluation.commands.bench import first_document
+
+    text, targets = first_document(3)
+    lines = text.split("\n")
+    assert len(targets) == 3
+    for row, col in targets:
+        assert lines[row].endswith("total += ") and col == len(lines[row])
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_time_to_first_suggestion(tmp_path, capsys):
+    """Fresh `diffill complete` and `diffill serve` processes on a checkpoint that always
+    writes "w7" with a fusing decoder ("w7w7...", a Python name the syntax guard keeps):
+    both must produce a suggestion, and the phases must add up."""
+    from support.constant_checkpoint import word_id, write_constant_checkpoint
+
+    model = write_constant_checkpoint(tmp_path / "w7", word_id(7), fuse=True)
+    out = tmp_path / "b.json"
+    rc = main(["bench", "--quick", "--no-ar", "--no-floors", "--model", str(model), "--first", "1",
+               "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())["first_suggestion"]
+    c, s = res["complete"], res["serve"]
+    assert c["suggested"] == 1 and s["suggested"] == 1
+    assert c["wall_s"] > c["import_s"] > 0 and c["load_s"] > 0 and c["complete_ms"] > 0
+    assert c["warmup_ms"] > 0 and c["steps"] >= 1 and c["budget_ms"] == 200.0
+    assert abs(c["wall_s"] - (c["import_s"] + c["load_s"] + (c["warmup_ms"] + c["complete_ms"]) / 1e3
+                              + c["startup_exit_s"])) < 1e-6
+    assert 0 < s["initialize_s"] <= s["initialized_s"] <= s["loaded_s"] < s["first_suggestion_s"]
+    assert s["first_answer_ms"] > 0 and s["empty_answers_after_load"] == 0
+    text = capsys.readouterr().out
+    assert "first suggestion (medians of 1 fresh processes" in text and "diffill serve:" in text

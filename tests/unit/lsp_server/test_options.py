@@ -107,3 +107,24 @@ def test_vscode_settings_are_server_options():
         if lo is not None:
             o, errors = options_from({name: lo})
             assert errors == [], (name, errors)
+
+
+def test_recipe_option_names_match_the_recipe_table():
+    """The server option, the CLI help and the VS Code enum list exactly the recipes the
+    loader knows."""
+    import json
+    import typing
+
+    from diffill.lsp_server.commands import RECIPE_HELP
+    from diffill.lsp_server.options import RecipeName
+    from diffill.model.recipes import RECIPE_NAMES
+
+    assert set(typing.get_args(RecipeName)) == set(RECIPE_NAMES)
+    assert all(n in RECIPE_HELP for n in RECIPE_NAMES)
+    root = ROOT / "editors" / "vscode"
+    props = json.loads((root / "package.json").read_text())["contributes"]["configuration"]["properties"]
+    assert set(props["diffill.recipe"]["enum"]) - {None} == set(RECIPE_NAMES)
+    o, errors = options_from({"recipe": "dreamon"})
+    assert errors == [] and o.recipe == "dreamon"
+    o, errors = options_from({"recipe": "nope"})
+    assert errors and "recipe" in errors[0] and o.recipe is None

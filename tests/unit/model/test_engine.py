@@ -58,9 +58,13 @@ def test_engine_steps_come_from_its_step_budget():
     desc = eng.describe()
     assert desc["latency_budget_ms"] == 200.0 and desc["step_plan"]["fitted"] == 2
     assert Engine(lm, budget_ms=40.0, max_steps=4).describe()["latency_budget_ms"] == 40.0
-    small = Engine(make_lm(max_pos=64), SamplerConfig(steps=6))  # below the smallest bucket
-    assert small.warmup() is None and small.plan is None
-    assert small.make_request([4, 5], [6], max_tokens=8).sampler.steps == 6
+    small = Engine(make_lm(max_pos=64), SamplerConfig(steps=6))  # below the smallest context
+    plan = small.warmup()  # bucket: its 64 positions stand in for it
+    assert plan is not None and [(t.ctx, t.hole) for t in plan.timings] == [(256, 8), (256, 16), (256, 32)]
+    assert small.make_request([4, 5], [6], max_tokens=8).sampler.steps == plan.steps_for(3, 8)[0]
+    tiny = Engine(make_lm(max_pos=8), SamplerConfig(steps=6))  # not even the smallest hole
+    assert tiny.warmup() is None and tiny.plan is None
+    assert tiny.make_request([4], [], max_tokens=2).sampler.steps == 6  # no plan: the sampler's
 
 
 def test_infill_matches_sampler_and_counts():

@@ -33,7 +33,7 @@ def test_readme_main_job_runs():
          "--line", "15", "--col", "1", "--threads", "1"],
         capture_output=True, text=True, timeout=300,
     )
-    assert p.returncode == 0, p.stderr
-    # a completion, or (this weak model at the few steps a CPU affords in 25 ms, whose
-    # answers the syntax guard often rejects) the explicit message
-    assert p.stdout.strip() or "no suggestion" in p.stderr, p.stderr
+    # a completion (exit 0), or (this weak model at the few steps a CPU affords in its
+    # budget, whose answers the syntax guard often rejects) the explicit message (exit 1)
+    assert (p.returncode == 0 and p.stdout.strip()) or (
+        p.returncode == 1 and not p.stdout and "no suggestion" in p.stderr), p.stderr

@@ -101,6 +101,11 @@ def test_measure_plan_on_a_tiny_model():
     assert [(t.ctx, t.hole) for t in plan.timings] == [(32, 8), (64, 8)]  # 512 exceeds 300 positions
     assert all(t.full_ms > 0 and t.block_ms > 0 and t.rows == 2 for t in plan.timings)
     assert all(c.steps == 4 for c in plan.choices)
+    # a model below the smallest context bucket: its own longest context stands in for it
+    small, scfg = tiny_model(0, vocab_size=50, max_position_embeddings=40)
+    plan = measure_plan(small, scfg, budget_ms=1e9, hole_buckets=(8, 16, 64), rows=2, repeats=1)
+    assert [(t.ctx, t.hole) for t in plan.timings] == [(256, 8), (256, 16)]
+    assert plan.steps_for(20, 8) == (8, None)
 
 
 # -- the one owner of budget -> steps ----------------------------------------------------------

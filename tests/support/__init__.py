@@ -26,7 +26,7 @@ from diffill.model.transformer import Transformer
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 FIXTURES = TESTS / "fixtures"
 SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|mask|>")
