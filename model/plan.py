@@ -29,9 +29,11 @@ The policy
   which is which). Warm-up keeps the fastest of its repeats (the step's cost without the
   machine's other work; a busy machine then shows as latency, not as fewer steps). About
   0.3 s for the shipped model on a quiet 2-core CPU.
+* **One-shot callers** (``diffill complete``) time one step of their own request and plan
+  from that one shape (:func:`plan_from_one_request`). A model below the smallest context
+  bucket is timed at its own longest context, which stands in for that bucket.
 * **Explicit steps win.** A request that names ``steps`` gets them; an engine with no
-  plan (nothing measured yet, e.g. a one-shot ``diffill complete``) uses its sampler's
-  default steps.
+  plan (never warmed up) uses its sampler's default steps.
 
 Buckets and the prediction
 --------------------------
