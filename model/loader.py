@@ -66,7 +66,7 @@ __all__ = [
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 
-_DTYPES = {
+DTYPES: dict[str, torch.dtype] = {  # dtype names accepted by load_model and --dtype
     "float32": torch.float32,
     "fp32": torch.float32,
     "float": torch.float32,
@@ -132,13 +132,13 @@ def resolve_dtype(
         if isinstance(dtype, torch.dtype):
             return dtype
         key = str(dtype).lower().removeprefix("torch.")
-        if key not in _DTYPES:
+        if key not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
-        return _DTYPES[key]
+        return DTYPES[key]
     if device.type != "cuda":
         return torch.float32
     name = (cfg.torch_dtype or "bfloat16").lower().removeprefix("torch.")
-    return _DTYPES.get(name, torch.bfloat16)
+    return DTYPES.get(name, torch.bfloat16)
 
 
 # --------------------------------------------------------------------------- files

@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 import threading
 
+import torch
+
 ENV_VAR = "DIFFILL_THREADS"
 MAX_DEFAULT_THREADS = 4
 
@@ -77,8 +79,6 @@ def configure_cpu_threads(threads: int | None = None, device: object = None) -> 
     if _is_cuda(device):
         return None
     n = resolve_cpu_threads(threads, cpu_count=os.cpu_count())
-    import torch
-
     with _lock:
         if n is not None:
             torch.set_num_threads(n)
@@ -93,8 +93,6 @@ def ensure_cpu_threads(device: object = None) -> int | None:
     global _configured
     if _configured is not None or _is_cuda(device):
         return None
-    import torch
-
     n = resolve_cpu_threads(None, cpu_count=os.cpu_count())
     with _lock:
         if _configured is not None:
@@ -105,6 +103,14 @@ def ensure_cpu_threads(device: object = None) -> int | None:
             torch.set_num_threads(n)
         _configured = torch.get_num_threads()
     return n
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """The one "auto" device rule: ``auto`` is CUDA when available, else the CPU; any other
+    name is torch's (``cpu``, ``cuda``, ``cuda:1``, ...)."""
+    if str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def configured_cpu_threads() -> int | None:
@@ -119,4 +125,5 @@ __all__ = [
     "default_cpu_threads",
     "ensure_cpu_threads",
     "resolve_cpu_threads",
+    "resolve_device",
 ]

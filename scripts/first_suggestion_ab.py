@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
-from diffill.lsp_server.commands.bench import first_complete, first_document, first_serve
+from diffill.evaluation.commands.bench import first_complete, first_document, first_serve
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPLETE_KEYS = ("wall_s", "import_s", "load_s", "warmup_ms", "complete_ms", "startup_exit_s", "steps")

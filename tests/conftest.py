@@ -1,10 +1,15 @@
-"""Shared fixtures.
+"""Shared fixtures (helpers importable by every test: ``tests/support.py``, the one
+tiny-model builder and the tiny checkpoint writers).
 
-``micro_model_dir`` (session scope): a real diffill checkpoint folder
+The tests mirror the code: ``tests/unit/<folder>/test_<module>.py`` for ``<folder>/<module>.py``
+(``tests/unit/test_cli.py`` and ``test_layout.py`` for the root package and the floor plan),
+``tests/e2e/`` (real servers, real editors) and ``tests/gpu/`` (skipped without CUDA).
+
+``model_dir`` = ``micro_model_dir`` (session scope): a real diffill checkpoint folder
 (config.json, model.safetensors, tokenizer.json) of a micro model trained on the
 committed micro corpus (``tests/fixtures/micro_corpus.py``) with its own tiny
 BPE. It memorises that corpus well enough to fill its lines back in exactly
-(see ``tests/unit/test_learning.py``). Treat the folder as read-only.
+(see ``tests/unit/training/test_train_learning.py``). Treat the folder as read-only.
 
 Building it takes minutes (5.5 on a shared 2-core box, 9 on another), so it is cached
 across sessions under ``$DIFFILL_TEST_CACHE`` (default
@@ -15,7 +20,7 @@ built once per session under pytest's tmp dir). Concurrent sessions are safe:
 each builds in its own temporary folder and renames it into place atomically.
 
 Outside pytest (editor end-to-end scripts, CI) the same model comes from
-``python -m diffill.model.train --micro OUT`` (checkpoint in ``OUT/model``).
+``python -m diffill.training.train --micro OUT`` (checkpoint in ``OUT/model``).
 """
 
 from __future__ import annotations
@@ -25,12 +30,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+import tokenizers
+import torch
+from diffill.training.train import train_micro_model
+from support import FIXTURES, ROOT, write_diffill_checkpoint
 
-ROOT = Path(__file__).resolve().parent.parent
-MICRO_CORPUS = ROOT / "tests" / "fixtures" / "micro_corpus.py"
-_KEY_FILES = ("model/train.py", "model/data.py", "model/transformer.py", "model/config.py",
+MICRO_CORPUS = FIXTURES / "micro_corpus.py"
+_KEY_FILES = ("training/train.py", "training/data.py", "model/transformer.py", "model/config.py",
               "model/attention.py")
 
 
@@ -39,9 +48,6 @@ def micro_corpus_text() -> str:
 
 
 def _micro_key() -> str:
-    import tokenizers
-    import torch
-
     h = hashlib.sha256()
     h.update(micro_corpus_text().encode())
     for rel in _KEY_FILES:
@@ -55,8 +61,6 @@ def _micro_key() -> str:
 
 def build_micro_model(cache_root: Path) -> Path:
     """The micro checkpoint folder under ``cache_root`` (built if missing)."""
-    from diffill.model.train import train_micro_model
-
     final = cache_root / f"micro-{_micro_key()}"
     ckpt = final / "model"
     if (ckpt / "model.safetensors").is_file() and (ckpt / "config.json").is_file():
@@ -91,3 +95,27 @@ def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     else:
         root = Path(setting) if setting else Path(tempfile.gettempdir()) / "diffill-test-cache"
     return build_micro_model(root)
+
+
+@pytest.fixture(scope="session")
+def model_dir(micro_model_dir: Path) -> Path:
+    """The checkpoint folder tests that load a real model use (the micro model)."""
+    return Path(micro_model_dir)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one intra-op thread is faster, and far faster on a busy machine
+    (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def tiny_ckpt(tmp_path: Path) -> tuple[Path, Any]:
+    """A random tiny diffill checkpoint folder (with provenance) and the model it holds."""
+    folder = tmp_path / "ckpt"
+    model = write_diffill_checkpoint(folder, provenance={"corpus": "unit-test", "steps": 3})
+    return folder, model

@@ -5,11 +5,11 @@ characters (Unicode code points) and may be one past the last character (the
 end of the line). The suggestion is what would be inserted at the cursor.
 
 Without ``--steps`` the step count is chosen to fit the latency budget
-(``--latency-budget-ms``, else 25 ms on a GPU, 200 ms on a CPU), as the server
-does: the local model first runs one refinement step on this request's own
-context and hole (``warmup_ms`` in ``--json``), so the backend's step timer knows
-what a step of this shape costs on this machine, and the completion then takes the
-steps that fit. When it still takes longer than the budget (one step alone is
+(``--latency-budget-ms``, else the device's default, 25 ms on a GPU, 200 ms on a CPU),
+by the engine's step plan as in the server (``docs/step-budget.md``): instead of timing
+every shape bucket, the local model first runs one refinement step on this request's own
+context and hole (``warmup_ms`` in ``--json``), the plan is made from that timing, and
+the completion then takes the steps that fit. When it still takes longer than the budget (one step alone is
 over it, or token healing needed a second model call), ``--json`` says why in
 ``budget_note`` and one line on stderr says so too.
 
@@ -25,14 +25,12 @@ import gc
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from ..backends import BackendError, LocalBackend, load_local_backend
+from ..completer import Completer, options_from_kwargs
 from . import add_recipe_option, add_threads_option, check_threads, configure_threads
-
-if TYPE_CHECKING:
-    from ..completer import Completer
 
 MAX_FILE_MB_DEFAULT = 16.0
 
@@ -172,9 +170,6 @@ def run(args: argparse.Namespace) -> int:
         # (tests, scripts calling main([...])): its leak checks would see the frozen objects.
         atexit.unregister(gc.freeze)
         atexit.register(gc.freeze)
-    from ..backends import BackendError, load_local_backend  # torch-free
-    from ..completer import Completer, options_from_kwargs
-
     opts: dict[str, object] = {"model_path": args.model, "device": args.device}
     for name in ("max_tokens", "steps", "context_tokens", "multiline", "recipe", "latency_budget_ms"):
         v = getattr(args, name)
@@ -187,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     t_import = time.perf_counter()
     configure_threads(args, args.device)  # imports torch
-    import diffill.model.engine  # noqa: F401 - the model code: counted in import_s, not load_s
+    from ...model import engine  # noqa: F401  (the model code: counted in import_s, not load_s)
 
     import_s = time.perf_counter() - t_import
     t0 = time.perf_counter()
@@ -270,16 +265,14 @@ def _diffill_is_the_program() -> bool:
 
 def _warm_up_on(completer: Completer, text: str, offset: int, n: int, path: str | None) -> float | None:
     """One refinement step of the local model on this request's own context and hole (the
-    answer is discarded): first-call costs are paid, and the backend's step timer learns what
-    one step of this shape costs here, so the completion that follows picks the steps that fit
-    the budget. Milliseconds taken; None for a backend without a step timer (remote)."""
+    answer is discarded): first-call costs are paid, and the engine's step plan is made from
+    what one step of this shape costs here, so the completion that follows picks the steps
+    that fit the budget. Milliseconds taken; None for a backend that is not the local model."""
     backend = completer.backend
-    if getattr(backend, "timer", None) is None:
+    if not isinstance(backend, LocalBackend):
         return None
     ctx = completer.build(text, offset, path=path)
-    t = time.perf_counter()
-    backend.infill(ctx, n=n, max_tokens=completer.options.max_tokens, steps=1)
-    return (time.perf_counter() - t) * 1000.0
+    return backend.warmup_on(ctx, n=n, max_tokens=completer.options.max_tokens)
 
 
 def budget_note(complete_ms: float, budget_ms: float, *, calls: int, warmup_ms: float | None,

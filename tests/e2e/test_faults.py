@@ -13,7 +13,6 @@ it fail reliably; a model load always needs fresh address space.
 
 from __future__ import annotations
 
-import os
 import resource
 import shutil
 import time
@@ -28,17 +27,6 @@ pytestmark = [pytest.mark.e2e]
 OPTIONS = {"diffill": {"steps": 2, "maxTokens": 8, "numCandidates": 1}}
 DOC = "def add_numbers(a, b):\n    total = a + b\n    return "
 ERROR = 1  # MessageType.Error
-
-
-@pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
 
 
 def start(model: Path, tmp: Path, env: dict[str, str] | None = None) -> RawClient:

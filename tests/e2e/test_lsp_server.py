@@ -30,14 +30,14 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
-SERVER = [sys.executable, "-m", "diffill.lsp_server.cli", "serve"]
+SERVER = [sys.executable, "-m", "diffill.cli", "serve"]
 CLIENTS = {
     "neovim@v0.11.0": "utf-8",
     "visual-studio-code": "utf-16",
     "emacs": "utf-32",
 }
 # These tests check protocol mechanics with the micro model, which writes junk at 2-4 steps;
-# the syntax guard (tests/unit/test_syntax_guard.py) would drop much of it, so it is off here.
+# the syntax guard (tests/unit/lsp_server/test_syntax.py) would drop much of it, so it is off here.
 FAST = {"diffill": {"steps": 2, "maxTokens": 16, "numCandidates": 3, "syntaxCheck": False}}
 STEP_DELAY_MS = 100
 SLOW = {"diffill": {"steps": 4, "maxTokens": 16, "numCandidates": 1, "syntaxCheck": False}}
@@ -63,11 +63,6 @@ def cut(text: str, line: str, keep: str) -> str:
 GREET = block("greet_user")
 ADD = block("add_numbers")
 SQUARE = block("square_list")
-
-
-@pytest.fixture(scope="module")
-def model_dir(micro_model_dir: Path) -> Path:
-    return Path(micro_model_dir)
 
 
 # ----------------------------------------------------------------------------- helpers

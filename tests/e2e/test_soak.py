@@ -44,17 +44,6 @@ TEMPLATES = [
 CANCELLED = -32800
 
 
-@pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
-
-
 def digest(prefix: str, suffix: str) -> str:
     """The server's ``last_context.digest`` of a prefix/suffix window pair."""
     return hashlib.sha256((prefix + "\x00" + suffix).encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -118,7 +118,7 @@ class Replica:
         self.base = f"http://127.0.0.1:{self.port}"
         self.err = tmp / f"{name}.err"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "diffill.lsp_server.cli", "serve-http", "--model", str(model),
+            [sys.executable, "-m", "diffill.cli", "serve-http", "--model", str(model),
              "--port", str(self.port), "--steps", "4", "--workers", "2", "--max-queue", "4",
              "--request-timeout", "20", "--token-env", TOKEN_ENV],
             stdout=subprocess.DEVNULL, stderr=open(self.err, "wb"),  # noqa: SIM115

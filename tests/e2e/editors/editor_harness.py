@@ -86,7 +86,7 @@ def diffill_serve_cmd() -> list[str]:
     exe = Path(sys.executable).with_name("diffill")
     if exe.exists():
         return [str(exe), "serve"]
-    return [sys.executable, "-m", "diffill.lsp_server.cli", "serve"]
+    return [sys.executable, "-m", "diffill.cli", "serve"]
 
 
 @contextlib.contextmanager
