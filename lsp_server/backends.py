@@ -2,7 +2,9 @@
 candidate middles (text). The language server and the CLI only see this protocol.
 
 * :class:`LocalBackend` -- the resident model in this process
-  (:class:`diffill.model.engine.Engine`), token ids straight from the context.
+  (:class:`diffill.model.engine.Engine`), token ids straight from the context. The
+  engine decides the steps: a request's ``latency_budget_ms`` goes to its step budget
+  (:mod:`diffill.model.plan`), which :meth:`LocalBackend.warmup` measures once.
 * a remote backend (``backend="openai"``: an OpenAI-compatible ``/v1/completions``
   endpoint with ``prompt`` + ``suffix``) implements the same protocol: it sends
   ``ctx.prefix`` / ``ctx.suffix`` as text and may count tokens with a local
@@ -25,84 +27,23 @@ Never set it in normal use.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from .backend_api import Backend, BackendError, CancelFn, Cancelled, Candidate
 from .context import FimContext
-from .options import default_latency_budget_ms
+from .remote import load_remote_backend
 
-CancelFn = Callable[[], bool]
+if TYPE_CHECKING:  # the model side imports torch; only the types are needed here
+    from ..model.config import ModelConfig
+    from ..model.sampler import Infill
+
 DEBUG_DELAY_ENV = "DIFFILL_DEBUG_STEP_DELAY_MS"
 DEBUG_FAULT_ENV = "DIFFILL_DEBUG_FAULT"
 _FAULTS: dict[str, type[Exception]] = {"MemoryError": MemoryError, "RuntimeError": RuntimeError}
-
-
-class Cancelled(Exception):
-    """The request was cancelled (superseded, document changed, $/cancelRequest)."""
-
-
-class BackendError(RuntimeError):
-    """A backend could not produce candidates (bad request, remote failure, ...)."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A raw middle (not post-processed) and its ranking score (higher is better)."""
-
-    text: str
-    score: float
-    tokens: int = 0
-    steps: int = 0
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """What the completer needs from a model, local or remote."""
-
-    name: str
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text in the model's tokenizer (context budgets use this)."""
-        ...
-
-    def max_context_tokens(self, max_tokens: int) -> int | None:
-        """Largest prefix + suffix the model accepts with a ``max_tokens`` hole (None: no limit)."""
-        ...
-
-    def infill(
-        self,
-        ctx: FimContext,
-        *,
-        n: int,
-        max_tokens: int,
-        steps: int | None = None,
-        latency_budget_ms: float | None = None,
-        cancel: CancelFn | None = None,
-    ) -> list[Candidate]:
-        """Up to ``n`` candidate middles, best first. Raises :class:`Cancelled`."""
-        ...
-
-    def describe(self) -> dict[str, Any]:
-        """``{"model", "family", "device", ...}`` for status reports."""
-        ...
-
-
-def spread_lengths(max_tokens: int, n: int) -> tuple[int, ...] | None:
-    """Candidate hole lengths for ``n`` candidates under ``max_tokens``: ``None`` for one
-    candidate (the engine's default set), else halving down from ``max_tokens``."""
-    if n <= 1:
-        return None
-    out: list[int] = []
-    length = max_tokens
-    while len(out) < n and length >= 2:
-        out.append(length)
-        length //= 2
-    return tuple(sorted(set(out))) or (max_tokens,)
 
 
 def debug_step_delay_s() -> float:
@@ -121,28 +62,45 @@ def debug_fault() -> tuple[type[Exception], int] | None:
     return _FAULTS[kind], int(count) if count.isdigit() else 1
 
 
-class StepTimer:
-    """Running estimate of model milliseconds per diffusion step (exponential average),
-    used to turn a latency budget into a step count."""
+class TokenizerLike(Protocol):
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
 
-    def __init__(self, alpha: float = 0.3) -> None:
-        self.alpha = alpha
-        self.ms_per_step: float | None = None
-        self._lock = threading.Lock()
+    def decode(self, ids: list[int]) -> str: ...
 
-    def observe(self, ms: float, steps: int) -> None:
-        if steps <= 0:
-            return
-        v = ms / steps
-        with self._lock:
-            self.ms_per_step = v if self.ms_per_step is None else (
-                (1 - self.alpha) * self.ms_per_step + self.alpha * v
-            )
 
-    def steps_for(self, budget_ms: float, max_steps: int, default: int) -> int:
-        if self.ms_per_step is None or self.ms_per_step <= 0:
-            return max(1, min(default, max_steps))
-        return max(1, min(max_steps, int(budget_ms / self.ms_per_step)))
+class InfillEngine(Protocol):
+    """What :class:`LocalBackend` needs from :class:`diffill.model.engine.Engine` (which
+    implements it; test fakes implement it too)."""
+
+    @property
+    def tokenizer(self) -> TokenizerLike: ...
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    def infill(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int,
+               candidates: int = 1, steps: int | None = None, budget_ms: float | None = None,
+               temperature: float | None = None, seed: int | None = None,
+               cancel: CancelFn | None = None) -> list[Infill]:
+        """Candidates best first; raises ``InfillCancelled`` or ``ValueError``."""
+        ...
+
+    def warmup(self) -> Any:
+        """First-call overheads paid, the step plan measured."""
+        ...
+
+    def warmup_on(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int,
+                  candidates: int = 1) -> float:
+        """One step timed on this request's shape, the step plan made from it (ms)."""
+        ...
+
+    def budget_ms(self, requested: float | None = None) -> float:
+        """The latency budget in force for a request."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Model, device, step budget and counters, for status reports."""
+        ...
 
 
 class LocalBackend:
@@ -150,12 +108,8 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, engine: Any, *, max_steps: int = 16, step_delay_s: float | None = None,
-                 latency_budget_ms: float | None = None) -> None:
+    def __init__(self, engine: InfillEngine, *, step_delay_s: float | None = None) -> None:
         self.engine = engine
-        self.max_steps = max_steps
-        self.latency_budget_ms = latency_budget_ms
-        self.timer = StepTimer()
         self.step_delay_s = debug_step_delay_s() if step_delay_s is None else step_delay_s
         self.model_calls = 0
         fault = debug_fault()
@@ -167,7 +121,7 @@ class LocalBackend:
         return self.engine.tokenizer.encode_batch(texts)
 
     def max_context_tokens(self, max_tokens: int) -> int | None:
-        limit = getattr(self.engine.config, "max_position_embeddings", None)
+        limit = self.engine.config.max_position_embeddings
         if not limit:
             return None
         return max(0, int(limit) - max_tokens - 2)  # BOS + EOS around the canvas
@@ -184,37 +138,21 @@ class LocalBackend:
         temperature: float = 0.0,
         seed: int | None = None,
     ) -> list[Candidate]:
-        """See :class:`Backend`; ``temperature`` > 0 samples (``seed`` makes it repeatable)."""
-        from diffill.model.sampler import InfillCancelled
+        """See :class:`Backend`; ``temperature`` > 0 samples (``seed`` makes it repeatable).
+        The steps: ``steps``, else the engine's step plan for ``latency_budget_ms``."""
+        from ..model.sampler import InfillCancelled  # torch: loaded with the model
 
-        if steps is None:
-            latency_budget_ms = self.budget_ms(latency_budget_ms)
-            if getattr(self.engine, "plan", None) is not None:
-                self._replan(latency_budget_ms)  # the engine's step plan picks steps per shape
-            else:
-                steps = self.timer.steps_for(
-                    latency_budget_ms, self.max_steps, self.engine.sampler.steps
-                )
         check = self._wrap_cancel(cancel)
         self.model_calls += 1
-        t0 = time.perf_counter()
-        kw: dict[str, Any] = dict(max_tokens=max_tokens, lengths=spread_lengths(max_tokens, n),
-                                  steps=steps, cancel=check)
         try:
-            if temperature > 0:
-                req = self.engine.make_request(ctx.prefix_ids, ctx.suffix_ids, **kw)
-                req.sampler = dataclasses.replace(req.sampler, temperature=float(temperature),
-                                                  seed=seed)
-                results = self.engine.submit(req)
-            else:
-                results = self.engine.infill(ctx.prefix_ids, ctx.suffix_ids, **kw)
+            results = self.engine.infill(
+                ctx.prefix_ids, ctx.suffix_ids, max_tokens=max_tokens, candidates=n, steps=steps,
+                budget_ms=latency_budget_ms, temperature=float(temperature) if temperature > 0 else None,
+                seed=seed if temperature > 0 else None, cancel=check)
         except InfillCancelled as e:
             raise Cancelled(str(e)) from None
         except ValueError as e:
             raise BackendError(str(e)) from None
-        ms = (time.perf_counter() - t0) * 1000.0
-        if results and self.step_delay_s == 0:
-            self.timer.observe(ms, max(r.steps for r in results))
         tok = self.engine.tokenizer
         return [
             Candidate(text=tok.decode(r.ids), score=float(r.score), tokens=len(r.ids), steps=r.steps)
@@ -222,34 +160,24 @@ class LocalBackend:
         ]
 
     def describe(self) -> dict[str, Any]:
-        lm = self.engine.lm
-        cfg = self.engine.config
-        es = self.engine.stats() if hasattr(self.engine, "stats") else {}
-        return {
-            "backend": self.name,
-            "model": str(getattr(lm, "path", "")),
-            "family": getattr(cfg, "family", None),
-            "recipe": getattr(getattr(cfg, "recipe", None), "name", None),
-            "device": str(self.engine.device),
-            "dtype": str(self.engine.dtype).replace("torch.", ""),
-            "ms_per_step": self.timer.ms_per_step,
-            "latency_budget_ms": self.budget_ms(),
-            "step_plan": getattr(self.engine, "plan", None) is not None,
-            "model_calls": self.model_calls,
-            "engine_completed": es.get("completed"),
-            "engine_cancelled": es.get("cancelled"),
-        }
+        return {"backend": self.name, **self.engine.describe(), "model_calls": self.model_calls}
+
+    def warmup(self) -> None:
+        """The engine's warm-up: first-call overheads, then the step plan (every shape
+        bucket on CUDA; two buckets and a fitted cost model on a CPU, to stay quick)."""
+        self.engine.warmup()
+
+    def warmup_on(self, ctx: FimContext, *, n: int, max_tokens: int) -> float:
+        """A one-shot caller's warm-up (``diffill complete``): one step timed on this
+        request's own shape, and the engine's step plan made from it. Milliseconds taken."""
+        return self.engine.warmup_on(ctx.prefix_ids, ctx.suffix_ids, max_tokens=max_tokens,
+                                     candidates=n)
+
+    def budget_ms(self, requested: float | None = None) -> float:
+        """The latency budget in force (the engine's step budget decides)."""
+        return self.engine.budget_ms(requested)
 
     # -- helpers ---------------------------------------------------------------------------
-    def budget_ms(self, requested: float | None = None) -> float:
-        """The latency budget in force: the request's, else the backend's, else the device's
-        default (:data:`~.options.DEFAULT_LATENCY_BUDGET_MS`)."""
-        if requested is not None:
-            return float(requested)
-        if self.latency_budget_ms is not None:
-            return float(self.latency_budget_ms)
-        return default_latency_budget_ms(getattr(getattr(self.engine, "device", None), "type", "cpu"))
-
     def _wrap_cancel(self, cancel: CancelFn | None) -> CancelFn | None:
         delay = self.step_delay_s
         fault: type[Exception] | None = None
@@ -269,36 +197,6 @@ class LocalBackend:
 
         return check
 
-    def _replan(self, budget_ms: float) -> None:
-        """Re-derive the engine's step plan for a new budget from its measured timings."""
-        plan = self.engine.plan
-        if abs(plan.budget_ms - budget_ms) < 1e-9:
-            return
-        from diffill.model.plan import plan_from_timings
-
-        thresholds = [c.threshold for c in plan.choices if c.threshold is not None]
-        self.engine.plan = plan_from_timings(
-            plan.timings, budget_ms, refresh_every=plan.refresh_every, min_steps=plan.min_steps,
-            max_steps=plan.max_steps, threshold=thresholds[0] if thresholds else None,
-            device=plan.device, dtype=plan.dtype, model=plan.model, measured_at=plan.measured_at,
-        )
-
-    def warmup(self) -> None:
-        """One tiny infill (first-call overheads paid, ms/step measured); on CUDA also the
-        engine's per-shape step plan for ``self.latency_budget_ms`` (CPU: the running
-        ms/step estimate is used instead, measuring every bucket would take too long)."""
-        latency_budget_ms = self.budget_ms()
-        ids = self.encode_batch(["def f(x):\n    return ", "\n"])
-        t0 = time.perf_counter()
-        res = self.engine.infill(ids[0], ids[1], max_tokens=8, steps=2)
-        ms = (time.perf_counter() - t0) * 1000.0
-        if res and self.step_delay_s == 0:
-            self.timer.observe(ms, max(r.steps for r in res))
-        dev = getattr(self.engine, "device", None)
-        if (getattr(dev, "type", "") == "cuda"
-                and hasattr(self.engine, "measure_plan")):
-            self.engine.measure_plan(budget_ms=latency_budget_ms, max_steps=self.max_steps)
-
 
 def load_local_backend(
     model_path: str | None, device: str = "cpu", *, max_steps: int = 16, options: Any = None,
@@ -306,30 +204,34 @@ def load_local_backend(
 ) -> LocalBackend:
     """Load a checkpoint (None = the shipped default model; a folder or the name of a
     pulled checkpoint) into a :class:`LocalBackend`. ``options`` (CompletionOptions)
-    supplies the latency budget for the step plan and the ``recipe`` override
-    (``recipe`` given here wins)."""
-    from diffill.model import load_model
-    from diffill.model.engine import Engine
+    supplies the engine's latency budget and the ``recipe`` override (``recipe`` given here
+    wins); ``max_steps`` bounds the steps its plan chooses."""
+    from ..model import load_model  # torch: the server imports this module before `initialize`
+    from ..model.engine import Engine  # torch: as above
+    from ..model.runtime import resolve_device  # torch: as above
 
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    lm = load_model(model_path, device=device,
-                    recipe=recipe if recipe is not None else getattr(options, "recipe", None))
-    budget = getattr(options, "latency_budget_ms", None)
-    return LocalBackend(Engine(lm), max_steps=max_steps, latency_budget_ms=budget)
-
-
-def load_openai_backend(model_path: str | None = None, device: str = "cpu", **kw: Any) -> Backend:
-    """``backend = "openai"``: see :mod:`diffill.lsp_server.remote`."""
-    from .remote import load_remote_backend
-
-    return load_remote_backend(model_path, device, **kw)
+    if recipe is None and options is not None:
+        recipe = options.recipe
+    lm = load_model(model_path, device=str(resolve_device(device)), recipe=recipe)
+    budget = None if options is None else options.latency_budget_ms
+    return LocalBackend(Engine(lm, budget_ms=budget, max_steps=max_steps))
 
 
 BACKENDS: dict[str, Callable[..., Backend]] = {
     "local": load_local_backend,
-    "openai": load_openai_backend,
+    "openai": load_remote_backend,  # see :mod:`.remote`
 }
 """Backend name (options ``backend``) -> factory(model_path, device, *, max_steps, options)."""
+
+
+__all__ = [  # the protocol's names are re-exported: importers of the backends need one module
+    "BACKENDS",
+    "Backend",
+    "BackendError",
+    "CancelFn",
+    "Cancelled",
+    "Candidate",
+    "InfillEngine",
+    "LocalBackend",
+    "load_local_backend",
+]

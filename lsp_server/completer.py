@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import Backend, CancelFn, Cancelled, Candidate
+from .backends import BACKENDS, Backend, CancelFn, Cancelled, Candidate
 from .context import FimContext, Snippet, build_context, comment_prefix
 from .options import WIRE_NAMES, CompletionOptions, merge_options
 from .postprocess import Processed, dedupe, postprocess
@@ -247,8 +247,6 @@ def options_from_kwargs(**opts: object) -> CompletionOptions:
 def make_completer(model_path: str | None = None, device: str = "cpu", **opts: object) -> Completer:
     """A :class:`Completer` over a local model (``model_path`` None: the shipped default),
     or over the backend named by ``backend=`` (e.g. ``"openai"`` with ``remote_url=``)."""
-    from .backends import BACKENDS
-
     options = options_from_kwargs(model_path=model_path, device=device, **opts)
     backend = BACKENDS[options.backend](
         options.model_path, options.device, max_steps=options.max_steps, options=options

@@ -92,6 +92,7 @@ import logging
 import math
 import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -448,9 +449,7 @@ class HttpFront:
             while gate and not os.path.exists(gate):  # test hook (module doc)
                 time.sleep(0.05)
             backend = loader()
-            warm = getattr(backend, "warmup", None)
-            if warm is not None:
-                warm()
+            backend.warmup()
             return backend
 
         try:
@@ -770,8 +769,6 @@ class HttpFront:
         else:
             status, code = "loading", 503
         desc = self.backend.describe() if self.backend is not None else {}
-        engine = getattr(self.backend, "engine", None)
-        es = engine.stats() if engine is not None and hasattr(engine, "stats") else {}
         c = self.config
         body = {
             "status": status,
@@ -794,9 +791,9 @@ class HttpFront:
                 "max_request_tokens": self.max_tokens_limit,
             },
             "uptime_s": round(time.time() - self.started, 1),
-            "engine_requests": es.get("requests"),
-            "engine_batches": es.get("batches"),
-            "engine_max_batch_requests": es.get("max_batch_requests"),
+            "engine_requests": desc.get("engine_requests"),
+            "engine_batches": desc.get("engine_batches"),
+            "engine_max_batch_requests": desc.get("engine_max_batch_requests"),
             **self.counters,
         }
         return Reply(body=msgspec.json.encode(body), status=code, content_type="application/json")
@@ -1079,8 +1076,6 @@ async def serve(front: HttpFront, host: str, port: int,
                 ready: Callable[[str], None] | None = None) -> None:
     """Listen on ``host:port`` until SIGINT/SIGTERM; ``ready(url)`` once bound (port 0
     picks a free port; the URL names the real one). Logs "listening on URL"."""
-    import signal
-
     listener = Listener(front)
     url = await listener.start(host, port)
     log.info("listening on %s", url)

@@ -22,16 +22,6 @@ BackendName = Literal["local", "openai"]
 ``/v1/completions`` endpoint (``diffill serve-http``, vLLM, SGLang; :mod:`.remote`)."""
 
 
-DEFAULT_LATENCY_BUDGET_MS = {"cuda": 25.0, "cpu": 200.0}
-"""Latency budget when ``latencyBudgetMs`` is not set, by torch device type (others: the
-GPU figure). 25 ms is the product's GPU target; a CPU step of the default model takes
-~20-30 ms, so 25 ms would allow one step, too few for a usable suggestion."""
-
-
-def default_latency_budget_ms(device_type: str) -> float:
-    return DEFAULT_LATENCY_BUDGET_MS.get(device_type, DEFAULT_LATENCY_BUDGET_MS["cuda"])
-
-
 class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
     """Everything the user can set. Wire names are camelCase (``modelPath``, ...)."""
 
@@ -46,8 +36,9 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     device: str = "cpu"
     """Torch device string: ``cpu``, ``cuda``, ``cuda:1``, ... (``auto`` = cuda when available)."""
     latency_budget_ms: Annotated[float, Meta(gt=0, le=60_000)] | None = None
-    """Target model time per request; the local backend picks the step count to fit it.
-    ``None``: 25 ms on a GPU, 200 ms on a CPU (:data:`DEFAULT_LATENCY_BUDGET_MS`)."""
+    """Target model time per request; the local engine's step plan picks the step count to
+    fit it. ``None``: the device's default (``diffill.model.plan.DEFAULT_BUDGET_MS``: 25 ms
+    on a GPU, 200 ms on a CPU)."""
     steps: Annotated[int, Meta(ge=1, le=512)] | None = None
     """Fixed number of refinement steps; ``None`` = chosen from ``latencyBudgetMs``."""
     max_steps: Annotated[int, Meta(ge=1, le=512)] = 16

@@ -26,7 +26,7 @@ post-processing like local candidates.
 * **Cancellation**: the HTTP exchange runs on a helper thread while the caller's
   thread polls ``cancel()`` every few milliseconds; a cancelled request closes its
   connection (the server sees the disconnect and stops between diffusion steps)
-  and raises :class:`~.backends.Cancelled`. Back-off sleeps are cancellable too.
+  and raises :class:`~.backend_api.Cancelled`. Back-off sleeps are cancellable too.
 * Connections are kept alive and reused (one idle connection per backend); a
   reused connection the server has closed meanwhile is replaced once, without
   counting as a retry.
@@ -38,6 +38,7 @@ import contextlib
 import http.client
 import json
 import math
+import os
 import random
 import socket
 import ssl
@@ -48,7 +49,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from .backends import BackendError, CancelFn, Cancelled, Candidate
+from .backend_api import BackendError, CancelFn, Cancelled, Candidate
 from .context import FimContext
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
@@ -104,7 +105,7 @@ class RemoteSettings:
 
 
 class RemoteBackend:
-    """The :class:`~.backends.Backend` protocol over HTTP."""
+    """The :class:`~.backend_api.Backend` protocol over HTTP."""
 
     name = "openai"
 
@@ -188,8 +189,6 @@ class RemoteBackend:
 
     # -- HTTP ------------------------------------------------------------------------------
     def _api_key(self) -> str | None:
-        import os
-
         env = self.settings.api_key_env
         value = os.environ.get(env, "").strip() if env else ""
         return value or None

@@ -35,11 +35,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from diffill import __version__
+import msgspec
 from lsprotocol import types
 from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
+from .. import __version__
 from . import jsonrpc
 from .backends import BACKENDS, Backend, BackendError
 from .completer import Completer, Suggestion
@@ -202,9 +203,7 @@ class DiffillServer(LanguageServer):
                 if delay:
                     time.sleep(delay)
                 backend = factory(opts.model_path, opts.device, max_steps=opts.max_steps, options=opts)
-                warm = getattr(backend, "warmup", None)
-                if warm is not None:
-                    warm()
+                backend.warmup()
                 return backend
 
             backend = await self.scheduler.call(work)
@@ -463,8 +462,6 @@ class DiffillServer(LanguageServer):
         }
 
     def _options_wire(self) -> dict[str, Any]:
-        import msgspec
-
         return msgspec.to_builtins(self.options)
 
 

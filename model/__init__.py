@@ -1,5 +1,5 @@
-"""The diffusion language model: configs, transformer, checkpoint loading,
-tokenizer, infill sampler, resident engine and training. Speaks token ids.
+"""The diffusion language model, inference only: configs, transformer, checkpoint
+loading, tokenizer, infill sampler, resident engine, step plan. Speaks token ids.
 
 Public API (kept stable)::
 

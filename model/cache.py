@@ -6,7 +6,8 @@ stay the same. Their keys and values do move a little, because every position
 attends to the hole, but slowly (Fast-dLLM, "dual cache": reuse them and
 refresh every few steps; 3-11x faster at the same accuracy on LLaDA).
 
-:class:`DualCache` wraps a model for :func:`diffill.model.sampler.denoise_step`:
+:class:`DualCache` wraps a model for :func:`diffill.model.sampler.denoise_step`
+(:func:`cached_steps` hands it to the decode loop):
 
 * on a *refresh* call (the first one, then every ``refresh_every`` calls) it
   runs the full canvas ``[L, T]`` with ``return_kv=True`` and keeps each
@@ -29,8 +30,6 @@ gathers the hole's source positions only).
 
 from __future__ import annotations
 
-import math
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -39,18 +38,13 @@ import torch
 from .config import ModelConfig
 from .sampler import (
     Canvas,
-    DenoiseState,
+    EagerSteps,
     Infill,
     InfillCancelled,
+    InfillRequest,
     SamplerConfig,
-    SpecialIds,
-    _model_device,
-    _rank,
-    _seed_for,
-    _trim,
-    build_canvas,
-    candidate_lengths,
-    denoise_step,
+    StepSpec,
+    decode,
 )
 from .transformer import KVContext
 
@@ -160,6 +154,13 @@ class DualCache:
             self.kv = [(k[rows], v[rows]) for k, v in self.kv]
 
 
+def cached_steps(model: Any, canvas: Canvas, spec: StepSpec, *, refresh_every: int) -> EagerSteps:
+    """The decode loop's stepper with the dual cache: steps on a :class:`DualCache` around
+    ``model``, which lets go of the rows the loop drops."""
+    cache = DualCache(model, canvas, shift=spec.shift, refresh_every=refresh_every)
+    return EagerSteps(cache, spec, on_drop=cache.select_rows)
+
+
 @torch.inference_mode()
 def infill_cached(
     model: Any,
@@ -172,46 +173,13 @@ def infill_cached(
     refresh_every: int = 4,
     dedup: bool = True,
 ) -> list[Infill]:
-    """:func:`diffill.model.sampler.infill` with the dual KV cache (same rules and
+    """:func:`diffill.model.sampler.infill` with the dual KV cache (same loop, rules and
     results format; with ``refresh_every=1`` the same tokens)."""
-    sp = SpecialIds.from_config(cfg)
-    lengths = candidate_lengths(sc.lengths)
-    for what, ids in (("prefix_ids", prefix_ids), ("suffix_ids", suffix_ids)):
-        bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
-        if bad:
-            raise ValueError(f"{what} holds token id {bad[0]}, outside the vocabulary [0, {cfg.vocab_size})")
-    device = _model_device(model)
-    cv = build_canvas(cfg, prefix_ids, suffix_ids, lengths, device)
-    L, N = cv.valid.shape
-    fwd = DualCache(model, cv, shift=cfg.shift_logits, refresh_every=refresh_every)
-    state = DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), device=device),
-                         torch.zeros((L,), dtype=torch.long, device=device))
-    threshold = math.inf if sc.threshold is None else float(sc.threshold)
-    gens: list[torch.Generator] = []
-    if sc.temperature > 0:
-        seed = sc.seed if sc.seed is not None else secrets.randbits(62)
-        gens = [torch.Generator(device=device).manual_seed(_seed_for(seed, n)) for n in lengths]
-    n_loop = sc.steps if sc.threshold is not None else min(sc.steps, N)
-    for s in range(n_loop):
-        if cancel is not None and cancel():
-            raise InfillCancelled(f"infill cancelled before step {s + 1}")
-        noise = None
-        if gens:
-            noise = torch.zeros((L, N, cfg.vocab_size), device=device)
-            for r, n in enumerate(lengths):
-                noise[r, :n] = torch.rand((n, cfg.vocab_size), generator=gens[r], device=device)
-        state = denoise_step(fwd, cv, state, sc.steps - s, mask_id=sp.mask, pad_id=sp.pad,
-                             terminators=sp.terminators, shift=cfg.shift_logits,
-                             strategy=sc.strategy, threshold=threshold,
-                             temperature=sc.temperature, absorb_pad=sc.absorb_pad, noise=noise,
-                             block=sc.block, total_steps=sc.steps)
-        if sc.threshold is not None and not bool(state.masked.any()):
-            break
-    hole = state.ids.gather(1, cv.hole_pos).tolist()
-    logp = state.logp.tolist()
-    steps = state.steps.tolist()
-    cands = []
-    for r, n in enumerate(lengths):
-        mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
-        cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
-    return _rank(cands, list(range(len(lengths))), dedup)
+    if refresh_every < 1:
+        raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
+    (res,) = decode(model, cfg, [InfillRequest(prefix_ids, suffix_ids, sc, cancel)], dedup=dedup,
+                    stepper=lambda cv, spec: cached_steps(model, cv, spec,
+                                                          refresh_every=refresh_every))
+    if isinstance(res, InfillCancelled):
+        raise res
+    return res

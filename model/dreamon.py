@@ -54,13 +54,13 @@ from .sampler import (
     InfillCancelled,
     SamplerConfig,
     SpecialIds,
-    _rank,
-    _seed_for,
-    _trim,
     candidate_lengths,
     canvas_end,
     canvas_start,
+    rank_candidates,
+    seed_for,
     token_scores,
+    trim_middle,
 )
 
 MASKED = -1  # a hole slot not yet committed (kept apart from every token id)
@@ -165,7 +165,7 @@ def _rows(sc: SamplerConfig, dc: DreamOnConfig) -> tuple[list[_Row], int]:
         n0 = min(n, cap)
         gen = None
         if sc.temperature > 0:
-            gen = torch.Generator().manual_seed(_seed_for(seed, n))
+            gen = torch.Generator().manual_seed(seed_for(seed, n))
         rows.append(_Row(n, [MASKED] * n0, [0.0] * n0, budget, gen=gen))
     return rows, cap
 
@@ -174,9 +174,9 @@ def _finish(rows: list[_Row], sp: SpecialIds, dedup: bool) -> list[Infill]:
     cands = []
     for r in rows:
         hole = [sp.pad if t == MASKED else t for t in r.hole]
-        mid, score = _trim(hole, r.logp, sp.terminators) if hole else ([], 0.0)
+        mid, score = trim_middle(hole, r.logp, sp.terminators) if hole else ([], 0.0)
         cands.append(Infill(ids=mid, length=r.n0, score=score, steps=r.steps))
-    return _rank(cands, list(range(len(rows))), dedup)
+    return rank_candidates(cands, list(range(len(rows))), dedup)
 
 
 def _model_device(model: Any) -> torch.device:

@@ -24,22 +24,29 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   and replayed, with no host synchronisation inside the step loop (threshold
   mode reads one flag per step to stop early). Off CUDA the same static-buffer
   loop runs without capture.
-* **Step budget** (:meth:`Engine.measure_plan` or ``plan=``): a request that
-  names no ``steps`` gets the steps (and threshold) that the plan chose for its
-  shape bucket to fit ``latency_budget_ms``.
+* **Step budget** (:attr:`Engine.budget`, a :class:`~diffill.model.plan.StepBudget`):
+  a request that names no ``steps`` gets the steps (and threshold) that the step plan
+  -- measured once at :meth:`Engine.warmup` / :meth:`Engine.measure_plan`, or given as
+  ``plan=``, then frozen -- chose for its shape bucket to fit the latency budget (the
+  request's ``budget_ms``, else the engine's, else the device's default). No plan yet:
+  the sampler's steps. The policy is :mod:`diffill.model.plan`'s.
 
 With the defaults (batching on, everything else off) a request's result is
-the same as :func:`diffill.model.sampler.infill` on its own. A checkpoint whose recipe
-carries DreamOn's ``<|expand|>`` / ``<|delete|>`` tokens is decoded by
-:func:`diffill.model.dreamon.infill_dreamon` instead (the hole grows and shrinks; the
-candidate lengths are its starting lengths), chosen in :meth:`Engine._decode`.
+the same as :func:`diffill.model.sampler.infill` on its own: both run the sampler's one
+decode loop (:func:`diffill.model.sampler.run_steps`); the engine adds the grouping, the
+shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs). A
+checkpoint whose recipe carries DreamOn's ``<|expand|>`` / ``<|delete|>`` tokens is
+decoded by :func:`diffill.model.dreamon.infill_dreamon` instead (the hole grows and
+shrinks; the candidate lengths are its starting lengths), chosen in :meth:`Engine._decode`.
 
-Candidate hole lengths. When the caller gives none, ``max_tokens`` is turned
-into ``(max_tokens // 4, max_tokens // 2, max_tokens)`` (values < 1 dropped,
-duplicates removed). Because pads inside the hole are trimmed, a candidate
-length is only an upper bound on the middle; three geometrically spaced bounds
-cover a short completion (a few tokens), a line and a small block at a batch of
-three rows, and the sampler ranks them by the model's own score. The hole never
+Candidate hole lengths (the one policy, :func:`default_lengths`). When the caller gives
+none, ``max_tokens`` and the number of distinct middles wanted (``candidates``) are turned
+into ``max(3, candidates)`` lengths halving down from ``max_tokens``: ``(max_tokens // 4,
+max_tokens // 2, max_tokens)`` for up to three candidates (values < 1 dropped, duplicates
+removed), ``max_tokens // 8`` and so on for more. Because pads inside the hole are
+trimmed, a candidate length is only an upper bound on the middle; three geometrically
+spaced bounds cover a short completion (a few tokens), a line and a small block at a batch
+of three rows, and the sampler ranks them by the model's own score. The hole never
 exceeds ``max_tokens``, so neither does the middle.
 
 Context trimming is the caller's job: the engine truncates nothing and raises
@@ -49,8 +56,7 @@ Context trimming is the caller's job: the engine truncates nothing and raises
 from __future__ import annotations
 
 import dataclasses
-import math
-import secrets
+import logging
 import threading
 import time
 from collections import deque
@@ -60,39 +66,67 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .cache import DualCache
+from .cache import DualCache, cached_steps
 from .dreamon import infill_dreamon, length_control_ids
-from .plan import CTX_BUCKETS, HOLE_BUCKETS, StepPlan, bucket, pad_canvas
+from .plan import (
+    CTX_BUCKETS,
+    DEFAULT_MAX_STEPS,
+    HOLE_BUCKETS,
+    NoBucketFits,
+    StepBudget,
+    StepPlan,
+    bucket,
+    measure_plan,
+    plan_from_one_request,
+)
 from .runtime import ensure_cpu_threads
 from .sampler import (
     Canvas,
     DenoiseState,
+    EagerSteps,
     Infill,
     InfillCancelled,
+    InfillRequest,
     SamplerConfig,
-    SpecialIds,
-    _rank,
-    _seed_for,
-    _trim,
+    Stepper,
+    StepSpec,
+    batch_rows,
     build_canvas,
     candidate_lengths,
     canvas_length,
+    collect,
     denoise_step,
+    initial_state,
+    run_steps,
+    stack_canvases,
 )
 
 if TYPE_CHECKING:  # the loader imports torch-heavy modules; only the type is needed here
     from .loader import LoadedModel
 
+log = logging.getLogger("diffill.engine")
+
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def default_lengths(max_tokens: int) -> tuple[int, ...]:
-    """Candidate hole lengths for a token budget (see module doc)."""
+def bucket_shape(L: int, T: int, N: int) -> tuple[int, int, int]:
+    """A batch's shape [L rows, T columns, N slots] rounded up to its buckets: rows to
+    :data:`ROW_BUCKETS`, the hole to :data:`~.plan.HOLE_BUCKETS`, the rest of the canvas to
+    :data:`~.plan.CTX_BUCKETS`."""
+    Nb = bucket(N, HOLE_BUCKETS)
+    return bucket(L, ROW_BUCKETS), bucket(T - N, CTX_BUCKETS) + Nb, Nb
+
+
+DEFAULT_CANDIDATES = 3
+
+
+def default_lengths(max_tokens: int, candidates: int = 1) -> tuple[int, ...]:
+    """Candidate hole lengths for a token budget and the number of distinct middles wanted
+    (see module doc): ``max(3, candidates)`` lengths halving down from ``max_tokens``."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    return tuple(
-        candidate_lengths([n for n in (max_tokens // 4, max_tokens // 2, max_tokens) if n >= 1])
-    )
+    count = max(DEFAULT_CANDIDATES, candidates)
+    return tuple(sorted({max_tokens >> i for i in range(count)} - {0}))
 
 
 @dataclass(frozen=True)
@@ -120,25 +154,11 @@ class EngineOptions:
 
 
 @dataclass
-class InfillRequest:
-    """One request as the engine sees it (the unit a batch groups)."""
-
-    prefix_ids: list[int]
-    suffix_ids: list[int]
-    sampler: SamplerConfig
-    cancel: Callable[[], bool] | None = None
-
-
-@dataclass
 class _Slot:
     req: InfillRequest
     done: threading.Event = field(default_factory=threading.Event)
     result: list[Infill] | None = None
     error: BaseException | None = None
-
-
-def _group_key(sc: SamplerConfig) -> tuple[Any, ...]:
-    return (sc.steps, sc.threshold, sc.strategy, sc.temperature, sc.absorb_pad, sc.block)
 
 
 class Engine:
@@ -152,13 +172,16 @@ class Engine:
         history: int = 64,
         options: EngineOptions | None = None,
         plan: StepPlan | None = None,
+        budget_ms: float | None = None,
+        max_steps: int = DEFAULT_MAX_STEPS,
     ) -> None:
         self.lm = lm
         # default decoding: the checkpoint's recommended block (config.json decode_block)
         self.sampler = (sampler if sampler is not None
                         else SamplerConfig(block=lm.config.decode_block))
         self.options = options if options is not None else EngineOptions()
-        self.plan = plan
+        #: budget -> steps: the latency budget, the step bounds and the frozen step plan
+        self.budget = StepBudget(self.device.type, budget_ms, max_steps=max_steps, plan=plan)
         self._lock = threading.Lock()  # held while a batch runs on the device
         self._qlock = threading.Lock()
         self._queue: deque[_Slot] = deque()
@@ -209,16 +232,62 @@ class Engine:
         return torch.float32
 
     # -- step budget ---------------------------------------------------------------------
-    def measure_plan(self, budget_ms: float = 25.0, **kw: Any) -> StepPlan:
-        """Measure the step cost of every shape bucket and keep the resulting plan
-        (see :func:`diffill.model.plan.measure_plan`); requests without ``steps`` use it."""
-        from .plan import measure_plan
+    @property
+    def plan(self) -> StepPlan | None:
+        """The step plan requests without ``steps`` follow (:attr:`budget`)."""
+        return self.budget.plan
 
+    @plan.setter
+    def plan(self, plan: StepPlan | None) -> None:
+        self.budget.plan = plan
+
+    def measure_plan(self, budget_ms: float | None = None, *, fit: bool | None = None,
+                     **kw: Any) -> StepPlan:
+        """Time the steps of the shape buckets and keep the resulting plan (see
+        :mod:`diffill.model.plan`): every bucket on CUDA, two buckets and a fitted cost model
+        elsewhere (``fit``); requests without ``steps`` follow it from then on."""
+        fit = self.device.type != "cuda" if fit is None else fit
+        kw.setdefault("refresh_every", self.options.refresh_every)
+        kw.setdefault("max_steps", self.budget.max_steps)
+        kw.setdefault("repeats", 2 if fit else 5)
+        kw.setdefault("statistic", min)  # the step's own cost, not the machine's other work
         with self._lock:
-            kw.setdefault("refresh_every", self.options.refresh_every)
-            self.plan = measure_plan(self.model, self.config, budget_ms=budget_ms,
-                                     model_name=str(getattr(self.lm, "path", "")), **kw)
+            self.plan = measure_plan(self.model, self.config, budget_ms=self.budget.budget_ms(budget_ms),
+                                     fit=fit, model_name=str(getattr(self.lm, "path", "")), **kw)
         return self.plan
+
+    def budget_ms(self, requested: float | None = None) -> float:
+        """The latency budget in force for a request (:class:`~diffill.model.plan.StepBudget`)."""
+        return self.budget.budget_ms(requested)
+
+    def warmup_on(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int = 32,
+                  candidates: int = 1) -> float:
+        """A one-shot caller's warm-up (``diffill complete``): one refinement step of this
+        request, timed (first-call costs included: pessimistic), and the step plan made from
+        that one shape (:func:`~diffill.model.plan.plan_from_one_request`). Milliseconds."""
+        req = self.make_request(prefix_ids, suffix_ids, max_tokens=max_tokens,
+                                candidates=candidates, steps=1)
+        t0 = time.perf_counter()
+        self.submit(req)
+        ms = (time.perf_counter() - t0) * 1000.0
+        hole = max(req.sampler.lengths)
+        ctx = canvas_length(self.config, len(prefix_ids), len(suffix_ids), hole) - hole
+        self.plan = plan_from_one_request(
+            ms, ctx, hole, len(req.sampler.lengths), self.budget.budget_ms(),
+            refresh_every=self.options.refresh_every, max_steps=self.budget.max_steps,
+            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+            model=str(getattr(self.lm, "path", "")))
+        return ms
+
+    def warmup(self) -> StepPlan | None:
+        """Measure the step plan (:meth:`measure_plan` with its defaults); its first calls
+        pay the first call's overheads too. Returns the plan, or None for a model too small
+        for the smallest shape bucket (requests then take the sampler's steps)."""
+        try:
+            return self.measure_plan()
+        except NoBucketFits as e:
+            log.warning("no step plan: %s; requests without steps take %d", e, self.sampler.steps)
+            return None
 
     # -- requests ------------------------------------------------------------------------
     def make_request(
@@ -228,14 +297,23 @@ class Engine:
         *,
         max_tokens: int = 32,
         lengths: tuple[int, ...] | None = None,
+        candidates: int = 1,
         steps: int | None = None,
+        budget_ms: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
         cancel: Callable[[], bool] | None = None,
     ) -> InfillRequest:
-        """Validate and resolve defaults; raises ValueError for a bad request."""
+        """Validate and resolve defaults; raises ValueError for a bad request.
+
+        Hole lengths: ``lengths``, else :func:`default_lengths` of ``max_tokens`` and
+        ``candidates``. Steps: ``steps``, else the step plan's for the request's shapes and
+        ``budget_ms`` (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
+        ``temperature`` / ``seed`` override the sampler's."""
         lens = (
             tuple(candidate_lengths(lengths))
             if lengths is not None
-            else default_lengths(max_tokens)
+            else default_lengths(max_tokens, candidates)
         )
         cfg = self.config
         total = canvas_length(cfg, len(prefix_ids), len(suffix_ids), max(lens))
@@ -246,11 +324,16 @@ class Engine:
                 "trim the context"
             )
         changes: dict[str, Any] = {"lengths": lens}
+        if temperature is not None:
+            changes["temperature"] = float(temperature)
+        if seed is not None:
+            changes["seed"] = seed
+        planned = None if steps is not None else self.budget.steps_for(
+            total - max(lens), max(lens), budget_ms)
         if steps is not None:
             changes["steps"] = int(steps)
-        elif self.plan is not None:
-            planned, threshold = self.plan.steps_for(total - max(lens), max(lens))
-            changes["steps"] = planned
+        elif planned is not None:
+            changes["steps"], threshold = planned
             if self.sampler.threshold is None:
                 changes["threshold"] = threshold
         sc = dataclasses.replace(self.sampler, **changes)
@@ -263,25 +346,25 @@ class Engine:
         *,
         max_tokens: int = 32,
         lengths: tuple[int, ...] | None = None,
+        candidates: int = 1,
         steps: int | None = None,
+        budget_ms: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
         cancel: Callable[[], bool] | None = None,
     ) -> list[Infill]:
         """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
 
         ``lengths`` (candidate hole lengths) overrides the ones derived from
-        ``max_tokens``; ``steps`` overrides the engine's default step count (and the
-        step plan's choice).
+        ``max_tokens`` and ``candidates``; ``steps`` overrides the step plan's choice for
+        ``budget_ms`` (and the sampler's default). See :meth:`make_request`.
 
         Raises ValueError (bad request, canvas too long) or
         :class:`~diffill.model.sampler.InfillCancelled`.
         """
         req = self.make_request(
-            prefix_ids,
-            suffix_ids,
-            max_tokens=max_tokens,
-            lengths=lengths,
-            steps=steps,
-            cancel=cancel,
+            prefix_ids, suffix_ids, max_tokens=max_tokens, lengths=lengths, candidates=candidates,
+            steps=steps, budget_ms=budget_ms, temperature=temperature, seed=seed, cancel=cancel,
         )
         return self.submit(req)
 
@@ -334,17 +417,21 @@ class Engine:
             if not self._queue:
                 return []
             head = self._queue[0]
-            key = _group_key(head.req.sampler)
+            key = self._step_spec(head.req)
             group, rest, rows = [], deque(), 0
             for s in self._queue:
                 n = len(s.req.sampler.lengths)
-                if _group_key(s.req.sampler) == key and (not group or rows + n <= self.options.max_batch_rows):
+                if self._step_spec(s.req) == key and (not group or rows + n <= self.options.max_batch_rows):
                     group.append(s)
                     rows += n
                 else:
                     rest.append(s)
             self._queue = rest
             return group
+
+    def _step_spec(self, req: InfillRequest) -> StepSpec:
+        """Requests whose step specs are equal share a batch (one forward per step)."""
+        return StepSpec.of(self.config, req.sampler, select_impl=self.options.select_impl)
 
     def _run_slots(self, group: list[_Slot]) -> None:
         """Run one batch (device lock held) and hand each slot its outcome."""
@@ -381,143 +468,63 @@ class Engine:
         return out
 
     # -- the batched denoising loop -----------------------------------------------------------
-    def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
-        """Run requests that share a group key as one batch (called with the lock held).
-        Returns, per request, its candidates or the exception (InfillCancelled) it ended with."""
+    def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:
+        """Run requests that share a group key as one batch (called with the lock held):
+        their canvases stacked (padded to shape buckets with ``buckets`` / ``cuda_graphs``),
+        :func:`~diffill.model.sampler.run_steps` with the stepper the options ask for.
+        Returns, per request, its candidates or the InfillCancelled it ended with."""
         cfg, dev, opts = self.config, self.device, self.options
-        sp = SpecialIds.from_config(cfg)
-        sc = batch[0].sampler
-        # canvases: one row per (request, candidate length), all padded to one shape
-        per_req = []
-        for r in batch:
-            lens = candidate_lengths(r.sampler.lengths)
-            per_req.append((lens, build_canvas(cfg, r.prefix_ids, r.suffix_ids, lens, dev)))
-        n_real = max(cv.hole_pos.shape[1] for _, cv in per_req)
-        use_graphs = opts.cuda_graphs and sc.temperature == 0
-        cv, owner = self._merge([c for _, c in per_req], sp.pad, opts.buckets or use_graphs)
-        L, N = cv.valid.shape
-        state = DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), device=dev),
-                             torch.zeros((L,), dtype=torch.long, device=dev))
-        gens: list[torch.Generator | None] = [None] * L
-        row_n = [n for lens, _ in per_req for n in lens] + [0] * owner.count(-1)  # per row
-        if sc.temperature > 0:
-            r0 = 0
-            for (lens, _), req in zip(per_req, batch, strict=True):
-                seed = req.sampler.seed if req.sampler.seed is not None else secrets.randbits(62)
-                for n in lens:
-                    gens[r0] = torch.Generator(device=dev).manual_seed(_seed_for(seed, n))
-                    r0 += 1
-        kw = dict(mask_id=sp.mask, pad_id=sp.pad, terminators=sp.terminators,
-                  shift=cfg.shift_logits, strategy=sc.strategy,
-                  threshold=math.inf if sc.threshold is None else float(sc.threshold),
-                  temperature=sc.temperature, absorb_pad=sc.absorb_pad,
-                  select_impl=opts.select_impl, block=sc.block, total_steps=sc.steps)
-        graphs = self._graphs_for(cv, kw) if use_graphs else None
-        if graphs is None and bool(cv.attn.all()):
-            # no padding anywhere: no attention mask, so SDPA / flash-attn can take their
-            # mask-free kernels (one host check before the loop)
-            cv = cv._replace(attn=None)
-        fwd: Any = self.model
-        if graphs is None and opts.refresh_every > 1:
-            fwd = DualCache(self.model, cv, shift=cfg.shift_logits, refresh_every=opts.refresh_every)
-        if graphs is not None:
-            graphs.load(cv, state, sc.steps)
-        out: list[list[Infill] | BaseException | None] = [None] * len(batch)
-        active = list(range(len(batch)))
-        n_loop = sc.steps if sc.threshold is not None else min(sc.steps, n_real)
-        noise = None
-        if sc.temperature > 0:
-            noise = torch.zeros((L, N, cfg.vocab_size), device=dev)
-        for s in range(n_loop):
-            gone = [i for i in active if batch[i].cancel is not None and batch[i].cancel()]
-            if gone:
-                for i in gone:
-                    out[i] = InfillCancelled(f"infill cancelled before step {s + 1}")
-                active = [i for i in active if i not in gone]
-                if not active:
-                    break
-                if graphs is not None:
-                    graphs.freeze_rows([r for r, o in enumerate(owner) if o in gone])
-                else:
-                    keep = [r for r, o in enumerate(owner) if o in active]
-                    idx = torch.tensor(keep, device=dev)
-                    cv = Canvas(*(None if t is None else t[idx] for t in cv))
-                    state = DenoiseState(*(t[idx] for t in state))
-                    owner = [owner[r] for r in keep]
-                    gens = [gens[r] for r in keep]
-                    row_n = [row_n[r] for r in keep]
-                    if noise is not None:
-                        noise = noise[idx]
-                    if isinstance(fwd, DualCache):
-                        fwd.select_rows(idx)
-            if graphs is not None:
-                graphs.step(s)
-                still = graphs.state.masked
-            else:
-                if noise is not None:
-                    for r, g in enumerate(gens):
-                        if g is not None:
-                            noise[r, : row_n[r]] = torch.rand((row_n[r], cfg.vocab_size), generator=g,
-                                                              device=dev)
-                state = denoise_step(fwd, cv, state, sc.steps - s, noise=noise, **kw)
-                still = state.masked
-            # the one host synchronisation of the loop (threshold mode only)
-            if sc.threshold is not None and not bool(still.any()):
-                break
-        if graphs is not None:
-            state = graphs.state
-        # results: one host transfer for the whole batch
-        hole = state.ids.gather(1, cv.hole_pos).tolist()
-        logp = state.logp.tolist()
-        steps = state.steps.tolist()
-        rows_of: dict[int, list[int]] = {}
-        for r, o in enumerate(owner):
-            if o >= 0:
-                rows_of.setdefault(o, []).append(r)
-        for i in active:
-            lens = per_req[i][0]
-            cands = []
-            for n, r in zip(lens, rows_of[i], strict=True):
-                mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
-                cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
-            out[i] = _rank(cands, list(range(len(lens))), True)
-        return out  # type: ignore[return-value]
+        spec = self._step_spec(batch[0])
+        use_graphs = opts.cuda_graphs and spec.temperature == 0
+        cvs = [build_canvas(cfg, r.prefix_ids, r.suffix_ids, candidate_lengths(r.sampler.lengths), dev)
+               for r in batch]
+        cv = stack_canvases(cvs, spec.pad_id, bucket_shape if opts.buckets or use_graphs else None)
+        rows = batch_rows(batch, dev).pad_to(cv.ids.shape[0])
+        state = initial_state(cv)
+        stepper: Stepper
+        if use_graphs:
+            stepper = self._graphs_for(cv, spec)
+            stepper.load(cv, state)
+        else:
+            if bool(cv.attn.all()):
+                # no padding anywhere: no attention mask, so SDPA / flash-attn can take their
+                # mask-free kernels (one host check before the loop)
+                cv = cv._replace(attn=None)
+            stepper = (cached_steps(self.model, cv, spec, refresh_every=opts.refresh_every)
+                       if opts.refresh_every > 1 else EagerSteps(self.model, spec))
+        out = run_steps(stepper, cv, state, rows, spec, [r.cancel for r in batch],
+                        vocab_size=cfg.vocab_size)
+        return collect(out, len(batch), spec.terminators)
 
-    def _merge(self, cvs: list[Canvas], pad_id: int, buckets: bool) -> tuple[Canvas, list[int]]:
-        """Pad every request's canvas to one shape and stack the rows.
-        Returns the canvas and each row's request index (-1 for bucket filler rows)."""
-        N = max(c.hole_pos.shape[1] for c in cvs)
-        T = max(c.ids.shape[1] + N - c.hole_pos.shape[1] for c in cvs)
-        L = sum(c.ids.shape[0] for c in cvs)
-        if buckets:
-            Nb = bucket(N, HOLE_BUCKETS)
-            T = bucket(T - N, CTX_BUCKETS) + Nb
-            N = Nb
-        parts = [pad_canvas(c, pad_id, T, N) for c in cvs]
-        owner = [i for i, c in enumerate(cvs) for _ in range(c.ids.shape[0])]
-        cv = Canvas(*(torch.cat(ts, 0) for ts in zip(*parts, strict=True)))
-        if buckets:
-            Lb = bucket(L, ROW_BUCKETS)
-            if Lb > L:
-                cv = pad_canvas(cv, pad_id, T, N, Lb)
-                owner += [-1] * (Lb - L)
-        return cv, owner
-
-    def _graphs_for(self, cv: Canvas, kw: dict[str, Any]) -> _StepGraphs:
+    def _graphs_for(self, cv: Canvas, spec: StepSpec) -> _StepGraphs:
         L, T = cv.ids.shape
         N = cv.hole_pos.shape[1]
-        key = (L, T, N, self.options.refresh_every, tuple(sorted((k, str(v)) for k, v in kw.items())))
+        key = (L, T, N, self.options.refresh_every, spec)
         g = self._graphs.get(key)
         if g is None:
             capture = cv.ids.device.type == "cuda"
             if capture and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            g = _StepGraphs(self.model, self.config, cv, kw, self.options.refresh_every,
-                            self._graph_pool, capture=capture)
+            g = _StepGraphs(self.model, cv, spec, self.options.refresh_every, self._graph_pool,
+                            capture=capture)
             self._graphs[key] = g
         return g
 
     # -- stats ---------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The model, the device and the step budget, for status reports."""
+        es = self.stats()
+        return {
+            "model": str(getattr(self.lm, "path", "")),
+            "family": self.config.family,
+            "recipe": None if self.config.recipe is None else self.config.recipe.name,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            **self.budget.summary(),
+            **{f"engine_{k}": es[k] for k in ("requests", "completed", "cancelled", "batches",
+                                               "max_batch_requests")},
+        }
+
     def stats(self) -> dict[str, Any]:
         """Request counts, batches and latencies (seconds) of recent completed requests."""
         with self._stats_lock:
@@ -537,7 +544,8 @@ class Engine:
 
 
 class _StepGraphs:
-    """CUDA graphs of one denoising step for one padded shape [L, T] with N slots.
+    """CUDA graphs of one denoising step for one padded shape [L, T] with N slots: the
+    decode loop's :class:`~diffill.model.sampler.Stepper` under ``cuda_graphs``.
 
     Static buffers hold the canvas and the loop state; each graph runs a step and
     writes the new state back into them (and decrements ``steps_left``), so a
@@ -550,40 +558,57 @@ class _StepGraphs:
     the tests check this loop without a GPU.
     """
 
-    def __init__(self, model: Any, cfg: Any, cv: Canvas, kw: dict[str, Any], refresh_every: int,
+    def __init__(self, model: Any, cv: Canvas, spec: StepSpec, refresh_every: int,
                  pool: Any, *, capture: bool = True) -> None:
-        L, N = cv.valid.shape
-        dev = cv.ids.device
-        self.model, self.kw, self.pool = model, kw, pool
+        self.model, self.spec, self.pool = model, spec, pool
         self.refresh_every = refresh_every
         self.cv = Canvas(*(t.clone() for t in cv))
-        self.state = DenoiseState(cv.ids.clone(), cv.valid.clone(), torch.zeros((L, N), device=dev),
-                                  torch.zeros((L,), dtype=torch.long, device=dev))
-        self.steps_left = torch.ones((L,), dtype=torch.long, device=dev)
-        self.cache = (DualCache(model, self.cv, shift=cfg.shift_logits, refresh_every=1 << 30)
+        self.state = initial_state(self.cv)
+        self.steps_left = torch.ones((cv.ids.shape[0],), dtype=torch.long, device=cv.ids.device)
+        self.cache = (DualCache(model, self.cv, shift=spec.shift, refresh_every=1 << 30)
                       if refresh_every > 1 else None)
         self.graphs: dict[bool, Any] = {}
         self.capture = capture
 
-    def load(self, cv: Canvas, state: DenoiseState, steps: int) -> None:
+    def load(self, cv: Canvas, state: DenoiseState) -> None:
         for dst, src in zip(self.cv, cv, strict=True):
             dst.copy_(src)
         for dst, src in zip(self.state, state, strict=True):
             dst.copy_(src)
-        self.steps_left.fill_(steps)
+        self.steps_left.fill_(self.spec.total_steps)
         if self.cache is not None:
             self.cache.rebind(self.cv)
 
-    def freeze_rows(self, rows: list[int]) -> None:
-        if rows:
-            self.state.masked[torch.tensor(rows, device=self.state.masked.device)] = False
+    # -- Stepper ---------------------------------------------------------------------------
+    def step(self, canvas: Canvas, state: DenoiseState, s: int,
+             noise: torch.Tensor | None) -> DenoiseState:
+        """Step ``s`` on the static buffers (``canvas`` / ``state`` are what :meth:`load`
+        copied in; greedy only, so no noise)."""
+        refresh = self.cache is None or s % self.refresh_every == 0
+        if not self.capture:
+            self._body(refresh)
+        else:
+            if not self.graphs:
+                self._capture()
+            self.graphs[refresh].replay()
+        return self.state
 
+    def drop(self, canvas: Canvas, state: DenoiseState,
+             keep: list[int]) -> tuple[Canvas, DenoiseState, list[int]]:
+        """Freeze the rows not in ``keep`` (nothing left masked); every row stays."""
+        kept = set(keep)
+        gone = [r for r in range(self.state.masked.shape[0]) if r not in kept]
+        if gone:
+            self.state.masked[torch.tensor(gone, device=self.state.masked.device)] = False
+        return canvas, self.state, list(range(self.state.masked.shape[0]))
+
+    # -- graphs ----------------------------------------------------------------------------
     def _body(self, refresh: bool) -> None:
         fwd: Any = self.model
         if self.cache is not None:
             self.cache.force_refresh = refresh
             fwd = self.cache
-        new = denoise_step(fwd, self.cv, self.state, self.steps_left, **self.kw)
+        new = denoise_step(fwd, self.cv, self.state, self.steps_left, self.spec)
         for dst, src in zip(self.state, new, strict=True):
             dst.copy_(src)
         self.steps_left.sub_(1)
@@ -605,12 +630,3 @@ class _StepGraphs:
             self.graphs[refresh] = g
         for dst, src in zip([*self.state, self.steps_left], saved, strict=True):
             dst.copy_(src)
-
-    def step(self, s: int) -> None:
-        refresh = self.cache is None or s % self.refresh_every == 0
-        if not self.capture:
-            self._body(refresh)
-            return
-        if not self.graphs:
-            self._capture()
-        self.graphs[refresh].replay()

@@ -42,9 +42,11 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from torch.overrides import TorchFunctionMode
 
 from .config import ConfigError, ModelConfig, read_config
 from .recipes import CheckpointFacts, RecipeError, choose_recipe, resolve_recipe
+from .runtime import ensure_cpu_threads
 from .tokenizer import Tokenizer, TokenizerError
 from .transformer import Transformer
 from .weights import SKIP, map_name, to_checkpoint_names
@@ -64,7 +66,7 @@ __all__ = [
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 
-_DTYPES = {
+DTYPES: dict[str, torch.dtype] = {  # dtype names accepted by load_model and --dtype
     "float32": torch.float32,
     "fp32": torch.float32,
     "float": torch.float32,
@@ -130,13 +132,13 @@ def resolve_dtype(
         if isinstance(dtype, torch.dtype):
             return dtype
         key = str(dtype).lower().removeprefix("torch.")
-        if key not in _DTYPES:
+        if key not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
-        return _DTYPES[key]
+        return DTYPES[key]
     if device.type != "cuda":
         return torch.float32
     name = (cfg.torch_dtype or "bfloat16").lower().removeprefix("torch.")
-    return _DTYPES.get(name, torch.bfloat16)
+    return DTYPES.get(name, torch.bfloat16)
 
 
 # --------------------------------------------------------------------------- files
@@ -316,11 +318,39 @@ def _read_tensors(
             raise CheckpointError(f"{path}: failed while reading tensor data ({e})") from e
 
 
+# In-place initialisers that nn.Module constructors call (nn.init.* and the tensor methods
+# they end in). On a meta tensor they have nothing to fill, yet some of them (normal_ on
+# meta runs a Python reference implementation) import torch._dynamo on first use: ~2.9 s
+# of a 3.4 s load of the shipped model on a 2-core machine. The skeleton skips them.
+_INIT_NAMES = frozenset({
+    "normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+    "xavier_uniform_", "xavier_normal_", "orthogonal_", "sparse_", "constant_", "ones_",
+    "zeros_", "eye_", "dirac_", "fill_", "zero_", "bernoulli_", "exponential_",
+})
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    """Inside it, the initialisers above return their (meta) tensor untouched."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _INIT_NAMES:
+            # nn.init.* passes its tensor by keyword, Tensor methods as self
+            t = args[0] if args else kwargs.get("tensor")
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return t
+        return func(*args, **kwargs)
+
+
+def _skeleton(cfg: ModelConfig) -> Transformer:
+    """The Transformer on the meta device (shapes, no storage, no initialisation)."""
+    with torch.device("meta"), _SkipMetaInit():
+        return Transformer(cfg)
+
+
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Transformer state_dict name -> shape, from a model on the meta device (no storage)."""
-    with torch.device("meta"):
-        skeleton = Transformer(cfg)
-    return {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    return {k: tuple(v.shape) for k, v in _skeleton(cfg).state_dict().items()}
 
 
 def _materialise(
@@ -330,14 +360,14 @@ def _materialise(
     dtype: torch.dtype,
     folder: Path,
 ) -> Transformer:
-    """Build the Transformer on the meta device and assign the checkpoint's tensors
-    to it, so every weight is allocated once. On any failure, everything built
-    here is released (locals dropped, traceback frames cleared) before raising."""
+    """Build the Transformer on the meta device (:func:`_skeleton`) and assign the
+    checkpoint's tensors to it, so every weight is allocated once. On any failure,
+    everything built here is released (locals dropped, traceback frames cleared)
+    before raising."""
     state: dict[str, torch.Tensor] = {}
     model: Transformer | None = None
     try:
-        with torch.device("meta"):
-            model = Transformer(cfg)
+        model = _skeleton(cfg)
         _read_tensors(plan, device, dtype, state)
         model.load_state_dict(state, strict=True, assign=True)
         leftover = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
@@ -488,6 +518,10 @@ def load_model(
     provenance = getattr(dialect, "provenance", None)
     provenance = dict(provenance) if isinstance(provenance, dict) else {}
     target_dtype = resolve_dtype(cfg, dev, dtype)
+    # diffill's CPU thread default (as Engine applies it) before the weights are copied out
+    # of the map: with torch's own one-thread-per-core, each copy is a parallel region
+    # that waits for a descheduled thread on a busy machine (16 MB took ~0.3 s, not ~10 ms).
+    ensure_cpu_threads(dev)
     model = _materialise(cfg, plan, dev, target_dtype, folder)
     return LoadedModel(
         model=model,

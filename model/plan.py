@@ -1,16 +1,48 @@
 """Step budget: how many denoising steps fit the latency budget, per shape bucket.
 
-An editor wants a completion in about 25 ms. A step's cost depends on the
-shapes (context length, hole length, candidate rows), not on the text, so the
-engine measures it once per *shape bucket* at start-up (or on demand) and picks
-the number of steps per bucket from the measurements:
+This module is the one owner of budget -> steps (:class:`StepBudget`, held by the
+engine); nothing else turns a latency budget into a step count.
 
+The policy
+----------
+* **The budget** in force for a request is the request's own (``latencyBudgetMs``), else
+  the one the engine was built with, else (a plan given ready-made) the plan's, else the
+  device's default,
+  :data:`DEFAULT_BUDGET_MS`: 25 ms on a GPU (the product's target), 200 ms on a CPU (a
+  step of the shipped model takes ~20-30 ms there; 25 ms would allow one step, too few
+  for a usable suggestion). Other accelerators get the GPU figure.
+* **Steps per shape, planned once.** A step's cost depends on the shapes (context
+  length, hole length, candidate rows), not on the text, so the engine times steps when
+  it warms up (:meth:`~diffill.model.engine.Engine.warmup`, or on demand:
+  ``diffill info --plan``, ``diffill bench --plan``) and picks the number of steps per
+  *shape bucket* from those timings. The plan is then frozen: the same request under the
+  same budget always gets the same steps, however loaded the machine is -- load shows up
+  as latency (or as 429 from ``diffill serve-http``), never as silently fewer steps and
+  worse code. (An earlier design adapted a running average of observed ms/step, so
+  requests got fewer steps under load.) A request for another budget gets a plan derived
+  from the same frozen timings (:meth:`StepPlan.for_budget`).
+* **How the timings are taken.** On CUDA every bucket that fits the model is measured
+  (each a few ms). Elsewhere warm-up must stay quick (the first suggestion is due about a
+  second after the server starts), so two buckets are measured -- the smallest and the
+  largest that fit -- and a per-step cost model ``a + b * rows * (ctx + hole)`` fitted
+  through them predicts the others (:func:`fit_timings`; ``BucketTiming.source`` says
+  which is which). Warm-up keeps the fastest of its repeats (the step's cost without the
+  machine's other work; a busy machine then shows as latency, not as fewer steps). About
+  0.3 s for the shipped model on a quiet 2-core CPU.
+* **One-shot callers** (``diffill complete``) time one step of their own request and plan
+  from that one shape (:func:`plan_from_one_request`). A model below the smallest context
+  bucket is timed at its own longest context, which stands in for that bucket.
+* **Explicit steps win.** A request that names ``steps`` gets them; an engine with no
+  plan (never warmed up) uses its sampler's default steps.
+
+Buckets and the prediction
+--------------------------
 * context buckets (canvas length without the hole): 256, 512, 1024, 2048;
 * hole buckets (longest candidate length): 8, 16, 32, 64.
 
-Canvases are padded up to their bucket (:func:`pad_canvas`), so shapes repeat
--- which CUDA graphs and ``torch.compile`` need -- and a bucket's measurement
-holds for every request in it.
+Canvases are padded up to their bucket (:func:`~diffill.model.sampler.pad_canvas`), so
+shapes repeat -- which CUDA graphs and ``torch.compile`` need -- and a bucket's
+measurement holds for every request in it.
 
 Predicted end-to-end time for ``s`` steps with the dual cache refreshing every
 ``r`` steps::
@@ -41,10 +73,35 @@ from typing import Any
 import msgspec
 import torch
 
+from .cache import DualCache
+from .sampler import (
+    DenoiseState,
+    SamplerConfig,
+    SpecialIds,
+    StepSpec,
+    build_canvas,
+    canvas_end,
+    canvas_start,
+    denoise_step,
+    infill,
+    initial_state,
+)
+
 CTX_BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048)
 HOLE_BUCKETS: tuple[int, ...] = (8, 16, 32, 64)
-DEFAULT_BUDGET_MS = 25.0
+DEFAULT_BUDGET_MS: dict[str, float] = {"cuda": 25.0, "cpu": 200.0}
+"""The latency budget when none is set, by torch device type (module doc)."""
 DEFAULT_THRESHOLD = 0.9
+DEFAULT_MAX_STEPS = 16
+
+
+def default_budget_ms(device_type: str) -> float:
+    """:data:`DEFAULT_BUDGET_MS` for a device type (others: the GPU figure)."""
+    return DEFAULT_BUDGET_MS.get(device_type, DEFAULT_BUDGET_MS["cuda"])
+
+
+class NoBucketFits(ValueError):
+    """The model's positions hold not even the smallest hole bucket (8 slots)."""
 
 
 def bucket(n: int, buckets: Sequence[int]) -> int:
@@ -57,7 +114,7 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 class BucketTiming(msgspec.Struct, frozen=True):
-    """Measured cost of one step in one bucket (milliseconds, median of repeats)."""
+    """Cost of one step in one bucket (milliseconds, median of repeats, or fitted)."""
 
     ctx: int  # context bucket (canvas tokens outside the hole)
     hole: int  # hole bucket (slots per row)
@@ -65,6 +122,7 @@ class BucketTiming(msgspec.Struct, frozen=True):
     full_ms: float  # one step with a full forward (LM head + selection included)
     block_ms: float  # one cached step (hole block only); = full_ms if not measured
     overhead_ms: float = 0.0  # per request, outside the steps (canvas build, trimming)
+    source: str = "measured"  # or "fitted": predicted from two measured buckets (fit_timings)
 
 
 class BucketChoice(msgspec.Struct, frozen=True):
@@ -87,6 +145,7 @@ class StepPlan(msgspec.Struct, frozen=True):
     dtype: str = "float32"
     model: str = ""
     measured_at: str = ""
+    threshold: float | None = DEFAULT_THRESHOLD  # turned on where steps < hole (module doc)
 
     def choice(self, ctx_len: int, hole_len: int) -> BucketChoice:
         """The choice for a request's shapes (its buckets; the nearest measured bucket
@@ -102,6 +161,15 @@ class StepPlan(msgspec.Struct, frozen=True):
     def steps_for(self, ctx_len: int, hole_len: int) -> tuple[int, float | None]:
         ch = self.choice(ctx_len, hole_len)
         return ch.steps, ch.threshold
+
+    def for_budget(self, budget_ms: float) -> StepPlan:
+        """The plan for another budget, from the same timings (nothing is measured)."""
+        if budget_ms == self.budget_ms:
+            return self
+        return plan_from_timings(
+            self.timings, budget_ms, refresh_every=self.refresh_every, min_steps=self.min_steps,
+            max_steps=self.max_steps, threshold=self.threshold, device=self.device,
+            dtype=self.dtype, model=self.model, measured_at=self.measured_at)
 
     def to_json(self) -> bytes:
         return msgspec.json.format(msgspec.json.encode(self), indent=2)
@@ -130,13 +198,46 @@ def choose(t: BucketTiming, budget_ms: float, *, refresh_every: int = 1, min_ste
     return BucketChoice(t.ctx, t.hole, steps, thr, round(pred, 3), pred > budget_ms)
 
 
-def plan_from_timings(timings: Sequence[BucketTiming], budget_ms: float = DEFAULT_BUDGET_MS, *,
-                      refresh_every: int = 1, min_steps: int = 1, max_steps: int = 16,
+def plan_from_timings(timings: Sequence[BucketTiming], budget_ms: float, *,
+                      refresh_every: int = 1, min_steps: int = 1,
+                      max_steps: int = DEFAULT_MAX_STEPS,
                       threshold: float | None = DEFAULT_THRESHOLD, **meta: Any) -> StepPlan:
     choices = [choose(t, budget_ms, refresh_every=refresh_every, min_steps=min_steps,
                       max_steps=max_steps, threshold=threshold) for t in timings]
     return StepPlan(budget_ms=budget_ms, refresh_every=refresh_every, min_steps=min_steps,
-                    max_steps=max_steps, timings=list(timings), choices=choices, **meta)
+                    max_steps=max_steps, timings=list(timings), choices=choices,
+                    threshold=threshold, **meta)
+
+
+def fit_timings(measured: Sequence[BucketTiming], buckets: Sequence[tuple[int, int]]) -> list[BucketTiming]:
+    """Every bucket of ``buckets`` (ctx, hole): the measured one where there is one, else
+    predicted by the per-step cost model ``a + b * rows * (ctx + hole)`` (least squares
+    through the measured buckets, ``b >= 0``; one measurement: a constant), the same for
+    the cached step, and the measured buckets' mean overhead."""
+    if not measured:
+        raise ValueError("fit_timings needs at least one measured bucket")
+    by_key = {(t.ctx, t.hole): t for t in measured}
+    rows = measured[0].rows
+    x = [t.rows * (t.ctx + t.hole) for t in measured]
+    overhead = statistics.fmean(t.overhead_ms for t in measured)
+
+    def line(y: list[float]) -> Callable[[float], float]:
+        mx, my = statistics.fmean(x), statistics.fmean(y)
+        var = sum((xi - mx) ** 2 for xi in x)
+        b = max(0.0, sum((xi - mx) * (yi - my) for xi, yi in zip(x, y, strict=True)) / var) if var else 0.0
+        return lambda xi: max(0.0, my + b * (xi - mx))
+
+    full = line([t.full_ms for t in measured])
+    block = line([t.block_ms for t in measured])
+    out = []
+    for c, h in buckets:
+        if (c, h) in by_key:
+            out.append(by_key[(c, h)])
+            continue
+        xi = rows * (c + h)
+        out.append(BucketTiming(c, h, rows, round(full(xi), 4), round(block(xi), 4),
+                                round(overhead, 4), source="fitted"))
+    return out
 
 
 def describe_plan(plan: StepPlan) -> str:
@@ -159,41 +260,6 @@ def describe_plan(plan: StepPlan) -> str:
             + ("  OVER BUDGET" if c.over_budget else "")
         )
     return "\n".join(lines)
-
-
-# -- shapes ------------------------------------------------------------------------------------
-
-
-def pad_canvas(cv: Any, pad_id: int, T: int, N: int | None = None, L: int | None = None) -> Any:
-    """Pad a sampler :class:`~diffill.model.sampler.Canvas` to T columns, N slots, L rows.
-
-    New columns are padding (attention mask False). New slots are invalid and
-    sit on fresh padding columns, so ``T`` must leave room: ``T >= T0 + (N - N0)``.
-    New rows hold one real token (so that no attention row is empty) and no valid slot.
-    """
-    from .sampler import Canvas
-
-    L0, T0 = cv.ids.shape
-    N0 = cv.hole_pos.shape[1]
-    N = N0 if N is None else N
-    L = L0 if L is None else L
-    if T < T0 + (N - N0) or N < N0 or L < L0:
-        raise ValueError(f"cannot pad canvas [{L0}, {T0}] with {N0} slots to [{L}, {T}] with {N}")
-    dev = cv.ids.device
-    ids = torch.full((L, T), pad_id, dtype=cv.ids.dtype, device=dev)
-    attn = torch.zeros((L, T), dtype=torch.bool, device=dev)
-    hole_pos = torch.empty((L, N), dtype=torch.long, device=dev)
-    valid = torch.zeros((L, N), dtype=torch.bool, device=dev)
-    ids[:L0, :T0] = cv.ids
-    attn[:L0, :T0] = cv.attn
-    hole_pos[:L0, :N0] = cv.hole_pos
-    valid[:L0, :N0] = cv.valid
-    if N > N0:
-        hole_pos[:L0, N0:] = torch.arange(T0, T0 + N - N0, device=dev)
-    if L > L0:
-        attn[L0:, 0] = True
-        hole_pos[L0:] = torch.arange(T - N, T, device=dev)
-    return Canvas(ids, attn, hole_pos, valid)
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -222,8 +288,6 @@ def time_ms(fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 
 
 def synthetic_request(cfg: Any, ctx: int, seed: int = 0) -> tuple[list[int], list[int]]:
     """Prefix and suffix ids (random ordinary tokens) whose canvas context is ``ctx`` tokens."""
-    from .sampler import canvas_end, canvas_start
-
     specials = {cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id}
     n = max(0, ctx - len(canvas_start(cfg, 1)) - len(canvas_end(cfg)))
     g = torch.Generator().manual_seed(seed)
@@ -235,23 +299,29 @@ def synthetic_request(cfg: Any, ctx: int, seed: int = 0) -> tuple[list[int], lis
 
 
 @torch.inference_mode()
+def plan_from_one_request(ms: float, ctx_len: int, hole_len: int, rows: int, budget_ms: float,
+                          **kw: Any) -> StepPlan:
+    """The plan of a one-shot caller (``diffill complete``): one request's one-step time,
+    ``ms`` (its overhead included, so the prediction errs long), for its own shape bucket;
+    other shapes fall back to it (:meth:`StepPlan.choice`). ``kw``: :func:`plan_from_timings`'s."""
+    t = BucketTiming(bucket(ctx_len, CTX_BUCKETS), bucket(hole_len, HOLE_BUCKETS), rows,
+                     round(ms, 4), round(ms, 4))
+    return plan_from_timings([t], budget_ms,
+                             measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             **kw)
+
+
 def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
-                   refresh_every: int = 1, repeats: int = 5, warmup: int = 1) -> BucketTiming:
-    """Time one full step, one cached step and the per-request overhead for a bucket.
+                   refresh_every: int = 1, repeats: int = 5, warmup: int = 1,
+                   overhead: bool = True,
+                   statistic: Callable[[list[float]], float] = statistics.median) -> BucketTiming:
+    """Time one full step, one cached step and (``overhead``) the per-request overhead
+    for a bucket: ``statistic`` (median; the engine's warm-up takes the fastest, the
+    cost without the machine's other work) of ``repeats`` after ``warmup`` calls.
 
     ``rows`` candidate lengths (``hole``, ``hole // 2``, ...) share the batch, as
     the engine's default lengths do.
     """
-    from .cache import DualCache
-    from .sampler import (
-        DenoiseState,
-        SamplerConfig,
-        SpecialIds,
-        Strategy,
-        build_canvas,
-        denoise_step,
-        infill,
-    )
 
     dev = next(model.parameters()).device
     sp = SpecialIds.from_config(cfg)
@@ -260,44 +330,136 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
         lengths.append(lengths[-1])
     prefix, suffix = synthetic_request(cfg, ctx)
     cv = build_canvas(cfg, prefix, suffix, lengths, dev)
-    kw = dict(mask_id=sp.mask, pad_id=sp.pad, terminators=sp.terminators, shift=cfg.shift_logits,
-              strategy=Strategy.CONFIDENCE, threshold=math.inf, temperature=0.0, absorb_pad=True)
+    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits)  # greedy, fixed steps
     L, N = cv.valid.shape
 
     def fresh() -> DenoiseState:
-        return DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), device=dev),
-                            torch.zeros((L,), dtype=torch.long, device=dev))
+        return initial_state(cv)
 
-    full = statistics.median(time_ms(lambda: denoise_step(model, cv, fresh(), 2, **kw), dev,
-                                     warmup=warmup, repeats=repeats))
+    full = statistic(time_ms(lambda: denoise_step(model, cv, fresh(), 2, spec), dev,
+                             warmup=warmup, repeats=repeats))
     block = full
     if refresh_every > 1:
         fwd = DualCache(model, cv, shift=cfg.shift_logits, refresh_every=1 << 30)
-        denoise_step(fwd, cv, fresh(), 2, **kw)  # the refresh
-        block = statistics.median(time_ms(lambda: denoise_step(fwd, cv, fresh(), 2, **kw), dev,
-                                          warmup=warmup, repeats=repeats))
-    one = statistics.median(time_ms(
-        lambda: infill(model, cfg, prefix, suffix, SamplerConfig(steps=1, lengths=tuple(lengths))),
-        dev, warmup=warmup, repeats=repeats))
-    return BucketTiming(ctx, hole, L, round(full, 4), round(block, 4), round(max(0.0, one - full), 4))
+        denoise_step(fwd, cv, fresh(), 2, spec)  # the refresh
+        block = statistic(time_ms(lambda: denoise_step(fwd, cv, fresh(), 2, spec), dev,
+                                  warmup=warmup, repeats=repeats))
+    extra = 0.0
+    if overhead:
+        one = statistic(time_ms(  # the full steps above warmed these shapes up already
+            lambda: infill(model, cfg, prefix, suffix, SamplerConfig(steps=1, lengths=tuple(lengths))),
+            dev, warmup=0, repeats=repeats))
+        extra = max(0.0, one - full)
+    return BucketTiming(ctx, hole, L, round(full, 4), round(block, 4), round(extra, 4))
 
 
-def measure_plan(model: Any, cfg: Any, *, budget_ms: float = DEFAULT_BUDGET_MS,
+def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
                  ctx_buckets: Sequence[int] = CTX_BUCKETS, hole_buckets: Sequence[int] = HOLE_BUCKETS,
                  rows: int = 3, refresh_every: int = 1, repeats: int = 5, min_steps: int = 1,
-                 max_steps: int = 16, threshold: float | None = DEFAULT_THRESHOLD,
-                 model_name: str = "") -> StepPlan:
-    """Measure every bucket that fits the model's positions and build the plan."""
+                 max_steps: int = DEFAULT_MAX_STEPS, threshold: float | None = DEFAULT_THRESHOLD,
+                 model_name: str = "",
+                 statistic: Callable[[list[float]], float] = statistics.median) -> StepPlan:
+    """Time the buckets that fit the model's positions and build the plan: every one, or
+    with ``fit`` the smallest and the largest (the overhead at the smallest only) and the
+    others from :func:`fit_timings` (module doc). ``statistic``: see :func:`measure_bucket`."""
     p = next(model.parameters())
     limit = getattr(cfg, "max_position_embeddings", 1 << 30)
-    timings = [
-        measure_bucket(model, cfg, c, h, rows=rows, refresh_every=refresh_every, repeats=repeats)
-        for c in ctx_buckets for h in hole_buckets if c + h <= limit
-    ]
-    if not timings:
-        raise ValueError(f"no bucket fits max_position_embeddings={limit}")
+    buckets = [(c, h) for c in ctx_buckets for h in hole_buckets if c + h <= limit]
+    measured_ctx = {b: b[0] for b in buckets}
+    if not buckets:  # a model smaller than the smallest context bucket: its longest context
+        c0 = min(ctx_buckets)  # stands in for that bucket (every request falls into it)
+        buckets = [(c0, h) for h in hole_buckets if h < limit]
+        measured_ctx = {(c, h): limit - h for c, h in buckets}
+    if not buckets:
+        raise NoBucketFits(f"no hole bucket fits max_position_embeddings={limit}")
+
+    def timed(c: int, h: int, **kw: Any) -> BucketTiming:
+        t = measure_bucket(model, cfg, measured_ctx[(c, h)], h, rows=rows,
+                           refresh_every=refresh_every, repeats=repeats, statistic=statistic, **kw)
+        return msgspec.structs.replace(t, ctx=c)
+
+    if fit:
+        corners = sorted({min(buckets), max(buckets, key=lambda b: (b[0] + b[1], b))})
+        measured = [timed(c, h, overhead=i == 0) for i, (c, h) in enumerate(corners)]
+        if len(measured) > 1:  # the overhead is per request, measured once
+            measured[1] = msgspec.structs.replace(measured[1], overhead_ms=measured[0].overhead_ms)
+        timings = fit_timings(measured, buckets)
+    else:
+        timings = [timed(c, h) for c, h in buckets]
     return plan_from_timings(
         timings, budget_ms, refresh_every=refresh_every, min_steps=min_steps, max_steps=max_steps,
         threshold=threshold, device=str(p.device), dtype=str(p.dtype).removeprefix("torch."),
         model=model_name, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+class StepBudget:
+    """The one owner of budget -> steps (module doc), one per engine: the budget it was
+    built with (None: the device's default), the bounds of a planned step count, and the
+    plan measured at warm-up (frozen; plans for other budgets derived from its timings)."""
+
+    def __init__(self, device_type: str, budget_ms: float | None = None, *,
+                 max_steps: int = DEFAULT_MAX_STEPS, plan: StepPlan | None = None) -> None:
+        if budget_ms is not None and budget_ms <= 0:
+            raise ValueError(f"budget_ms must be > 0, got {budget_ms}")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.device_type = device_type
+        self.configured_ms = budget_ms
+        self.max_steps = max_steps
+        self._plan = plan
+        self._derived: dict[float, StepPlan] = {}
+
+    @property
+    def plan(self) -> StepPlan | None:
+        """The plan measured at warm-up (or given); None until then."""
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: StepPlan | None) -> None:
+        self._derived = {}
+        self._plan = plan
+
+    def budget_ms(self, requested: float | None = None) -> float:
+        """The budget in force: the request's, else the configured one, else the one the
+        plan was made for (when a plan was given rather than measured), else the device's."""
+        if requested is not None:
+            return float(requested)
+        if self.configured_ms is not None:
+            return float(self.configured_ms)
+        if self._plan is not None:
+            return float(self._plan.budget_ms)
+        return default_budget_ms(self.device_type)
+
+    def plan_for(self, budget_ms: float) -> StepPlan | None:
+        """The frozen plan re-derived for ``budget_ms`` (None: nothing measured yet)."""
+        plan = self.plan
+        if plan is None or budget_ms == plan.budget_ms:
+            return plan
+        derived = self._derived.get(budget_ms)
+        if derived is None:
+            derived = plan.for_budget(budget_ms)
+            if len(self._derived) >= 32:  # a handful of budgets in practice; stay bounded
+                self._derived.clear()
+            self._derived[budget_ms] = derived
+        return derived
+
+    def steps_for(self, ctx_len: int, hole_len: int,
+                  budget_ms: float | None = None) -> tuple[int, float | None] | None:
+        """(steps, threshold) for a request's shapes, or None when no plan was measured."""
+        plan = self.plan_for(self.budget_ms(budget_ms))
+        return None if plan is None else plan.steps_for(ctx_len, hole_len)
+
+    def summary(self) -> dict[str, Any]:
+        """For status reports: the budget, and what the plan was built from."""
+        plan = self.plan
+        return {
+            "latency_budget_ms": self.budget_ms(),
+            "max_steps": self.max_steps,
+            "step_plan": None if plan is None else {
+                "measured_at": plan.measured_at,
+                "buckets": len(plan.timings),
+                "fitted": sum(t.source == "fitted" for t in plan.timings),
+                "steps": {f"{c.ctx}x{c.hole}": c.steps for c in plan.choices},
+            },
+        }

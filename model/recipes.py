@@ -195,7 +195,7 @@ RECIPES: tuple[Recipe, ...] = (
         end=("@eos",),
         terminators=("@pad", "@eos"),
         filler="@pad",
-        sources=("model/data.py: training canvas [BOS] prefix middle [PAD]* suffix [EOS]",),
+        sources=("training/data.py: training canvas [BOS] prefix middle [PAD]* suffix [EOS]",),
     ),
     Recipe(
         name="generic",

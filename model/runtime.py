@@ -14,7 +14,8 @@ Precedence, highest first:
 3. ``OMP_NUM_THREADS`` set by the user: torch read it at start-up, it is kept;
 4. the default above.
 
-:class:`~diffill.model.engine.Engine` calls :func:`ensure_cpu_threads` when built: it
+:func:`~diffill.model.loader.load_model` (on CPU, before it copies the weights) and
+:class:`~diffill.model.engine.Engine` (when built) call :func:`ensure_cpu_threads`: it
 applies 2--4 only if nothing was configured yet, and then never raises the thread
 count above what the process already uses (a test or host program that lowered it
 keeps its value). On CUDA the CPU thread count hardly matters and nothing is changed.
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import os
 import threading
+
+import torch
 
 ENV_VAR = "DIFFILL_THREADS"
 MAX_DEFAULT_THREADS = 4
@@ -76,8 +79,6 @@ def configure_cpu_threads(threads: int | None = None, device: object = None) -> 
     if _is_cuda(device):
         return None
     n = resolve_cpu_threads(threads, cpu_count=os.cpu_count())
-    import torch
-
     with _lock:
         if n is not None:
             torch.set_num_threads(n)
@@ -92,8 +93,6 @@ def ensure_cpu_threads(device: object = None) -> int | None:
     global _configured
     if _configured is not None or _is_cuda(device):
         return None
-    import torch
-
     n = resolve_cpu_threads(None, cpu_count=os.cpu_count())
     with _lock:
         if _configured is not None:
@@ -104,6 +103,14 @@ def ensure_cpu_threads(device: object = None) -> int | None:
             torch.set_num_threads(n)
         _configured = torch.get_num_threads()
     return n
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """The one "auto" device rule: ``auto`` is CUDA when available, else the CPU; any other
+    name is torch's (``cpu``, ``cuda``, ``cuda:1``, ...)."""
+    if str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def configured_cpu_threads() -> int | None:
@@ -118,4 +125,5 @@ __all__ = [
     "default_cpu_threads",
     "ensure_cpu_threads",
     "resolve_cpu_threads",
+    "resolve_device",
 ]

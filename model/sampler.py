@@ -117,6 +117,27 @@ Candidates whose trimmed middle is identical to a better-ranked one are
 dropped unless ``dedup=False`` is passed, so fewer than ``len(lengths)``
 results may be returned.
 
+The decode loop
+---------------
+One loop, :func:`run_steps`, serves :func:`infill`, the dual-cache sampler
+(:func:`diffill.model.cache.infill_cached`) and the engine's batches
+(:class:`diffill.model.engine.Engine`, several requests per batch, CUDA graphs):
+
+* :class:`StepSpec` bundles what every step of a batch shares (special ids, logit shift,
+  strategy, threshold, temperature, pad absorption, blocks, step count, selection
+  kernel); :func:`denoise_step` is ``(model, canvas, state, steps_left, spec, noise)``.
+* :class:`Rows` keeps each canvas row's request, hole length and noise generator in
+  step with the canvas when a cancelled request's rows go.
+* a :class:`Stepper` runs a step and lets rows go: :class:`EagerSteps` (the torch step on
+  the model, or on a cache wrapper), the engine's CUDA-graph replay (static buffers; it
+  freezes rows instead of dropping them).
+* :func:`collect` turns the final state into each request's ranked candidates.
+
+What comes next plugs in there: a row whose slots start pre-filled (a draft to verify)
+is an initial :class:`DenoiseState` with those slots unmasked; a family's own terminators
+and filler token come in through :meth:`StepSpec.of`'s ``special``; a decoder whose hole
+grows or shrinks between steps reuses :func:`build_canvas` and :func:`denoise_step`.
+
 Randomness
 ----------
 Sampling noise is drawn per candidate from a generator seeded with
@@ -133,7 +154,7 @@ import math
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -272,7 +293,7 @@ def _model_device(model: Any) -> torch.device:
     return torch.device(getattr(model, "device", "cpu"))
 
 
-def _seed_for(seed: int, n: int) -> int:
+def seed_for(seed: int, n: int) -> int:
     """Per-candidate generator seed: depends on the request seed and the hole length only."""
     return (seed * 1_000_003 + n * 7919) % (2**63 - 1)
 
@@ -316,17 +337,22 @@ def token_scores(
 
 
 class Canvas(NamedTuple):
-    """Batched canvases of L candidates (N = max hole length).
+    """Batched canvases of L rows (N = max hole length).
 
-    ids [L, T] long, attn [L, T] bool (True = real token), hole_pos [L, N] long
-    (canvas position of hole slot j; slots j >= n_r point at unique padding
-    positions of row r), valid [L, N] bool (j < n_r).
+    ids [L, T] long, attn [L, T] bool (True = real token; None = every position of every
+    row is real, so attention may take its mask-free kernels), hole_pos [L, N] long
+    (canvas position of hole slot j; slots j >= n_r point at unique padding positions of
+    row r), valid [L, N] bool (j < n_r).
     """
 
     ids: torch.Tensor
-    attn: torch.Tensor
+    attn: torch.Tensor | None
     hole_pos: torch.Tensor
     valid: torch.Tensor
+
+    def rows(self, idx: torch.Tensor) -> Canvas:
+        """These rows only (idx [L'] long)."""
+        return Canvas(*(None if t is None else t[idx] for t in self))
 
 
 class DenoiseState(NamedTuple):
@@ -338,6 +364,57 @@ class DenoiseState(NamedTuple):
     masked: torch.Tensor
     logp: torch.Tensor
     steps: torch.Tensor
+
+    def rows(self, idx: torch.Tensor) -> DenoiseState:
+        return DenoiseState(*(t[idx] for t in self))
+
+
+def initial_state(cv: Canvas) -> DenoiseState:
+    """Every valid slot masked, nothing committed. (A row whose slots start pre-filled --
+    a draft to verify -- is a state whose ``ids`` hold the tokens and whose ``masked`` is
+    False there; the loop takes any such state.)"""
+    L, N = cv.valid.shape
+    dev = cv.ids.device
+    return DenoiseState(cv.ids, cv.valid.clone(), torch.zeros((L, N), dtype=torch.float32, device=dev),
+                        torch.zeros((L,), dtype=torch.long, device=dev))
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What every step of one batch shares: the special ids, the model's logit shift and
+    the decoding rules. Built once per batch (:meth:`of`); hashable, so a CUDA graph can be
+    keyed by it. ``threshold`` None: fixed mode (module doc). ``total_steps``:
+    ``SamplerConfig.steps`` (the step index is ``total_steps - steps_left``).
+    ``select_impl``: None = the torch selection in :func:`denoise_step`; ``'auto'`` /
+    ``'triton'`` / ``'torch'`` = the fused select-and-unmask of
+    :mod:`diffill.kernels.select_unmask` (greedy steps only)."""
+
+    mask_id: int
+    pad_id: int  # filler written after the first committed terminator
+    terminators: tuple[int, ...]
+    shift: bool
+    strategy: Strategy = Strategy.CONFIDENCE
+    threshold: float | None = None
+    temperature: float = 0.0
+    absorb_pad: bool = True
+    block: int | None = None
+    total_steps: int = 8
+    select_impl: str | None = None
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, sc: SamplerConfig, *, select_impl: str | None = None,
+           special: SpecialIds | None = None) -> StepSpec:
+        """The spec of a request: ``cfg``'s special ids (or a family recipe's ``special``)
+        and ``sc``'s rules."""
+        sp = special if special is not None else SpecialIds.from_config(cfg)
+        return cls(sp.mask, sp.pad, sp.terminators, cfg.shift_logits, sc.strategy,
+                   None if sc.threshold is None else float(sc.threshold), sc.temperature,
+                   sc.absorb_pad, sc.block, sc.steps, select_impl)
+
+    def loop_steps(self, longest_hole: int) -> int:
+        """Steps the loop runs: all of them in threshold mode (it may stop early), else
+        ``min(steps, longest hole)`` (one slot per step at least)."""
+        return self.total_steps if self.threshold is not None else min(self.total_steps, longest_hole)
 
 
 def build_canvas(
@@ -372,6 +449,36 @@ def build_canvas(
     return Canvas(ids.to(device), attn.to(device), hole_pos.to(device), valid.to(device))
 
 
+def pad_canvas(cv: Canvas, pad_id: int, T: int, N: int | None = None, L: int | None = None) -> Canvas:
+    """Pad a canvas to T columns, N slots, L rows.
+
+    New columns are padding (attention mask False). New slots are invalid and
+    sit on fresh padding columns, so ``T`` must leave room: ``T >= T0 + (N - N0)``.
+    New rows hold one real token (so that no attention row is empty) and no valid slot.
+    """
+    L0, T0 = cv.ids.shape
+    N0 = cv.hole_pos.shape[1]
+    N = N0 if N is None else N
+    L = L0 if L is None else L
+    if T < T0 + (N - N0) or N < N0 or L < L0:
+        raise ValueError(f"cannot pad canvas [{L0}, {T0}] with {N0} slots to [{L}, {T}] with {N}")
+    dev = cv.ids.device
+    ids = torch.full((L, T), pad_id, dtype=cv.ids.dtype, device=dev)
+    attn = torch.zeros((L, T), dtype=torch.bool, device=dev)
+    hole_pos = torch.empty((L, N), dtype=torch.long, device=dev)
+    valid = torch.zeros((L, N), dtype=torch.bool, device=dev)
+    ids[:L0, :T0] = cv.ids
+    attn[:L0, :T0] = True if cv.attn is None else cv.attn
+    hole_pos[:L0, :N0] = cv.hole_pos
+    valid[:L0, :N0] = cv.valid
+    if N > N0:
+        hole_pos[:L0, N0:] = torch.arange(T0, T0 + N - N0, device=dev)
+    if L > L0:
+        attn[L0:, 0] = True
+        hole_pos[L0:] = torch.arange(T - N, T, device=dev)
+    return Canvas(ids, attn, hole_pos, valid)
+
+
 def block_schedule(
     masked: torch.Tensor,
     valid: torch.Tensor,
@@ -402,71 +509,58 @@ def block_schedule(
     return elig, k
 
 
+def fused_select_unmask() -> Callable[..., Any]:
+    """:func:`diffill.kernels.select_unmask.select_unmask`, imported on first use."""
+    from ..kernels.select_unmask import select_unmask  # imports triton (0.3 s): fused steps only
+
+    return select_unmask
+
+
 def denoise_step(
     model: Any,
     canvas: Canvas,
     state: DenoiseState,
     steps_left: int | torch.Tensor,
-    *,
-    mask_id: int,
-    pad_id: int,
-    terminators: tuple[int, ...],
-    shift: bool,
-    strategy: Strategy,
-    threshold: float,
-    temperature: float,
-    absorb_pad: bool,
+    spec: StepSpec,
     noise: torch.Tensor | None = None,
-    select_impl: str | None = None,
-    block: int | None = None,
-    total_steps: int | None = None,
 ) -> DenoiseState:
     """One refinement step over the whole batch; pure (returns a new state).
 
-    model: forward_hidden(ids [L,T], attention_mask [L,T]) -> (hidden [L,T,D], _),
-    head(hidden [..., D]) -> logits [..., V]. threshold = +inf in fixed mode.
-    noise: [L, N, V] uniform in [0, 1) when temperature > 0.
-    select_impl: None = the torch code below; 'auto' / 'triton' / 'torch' = the fused
-    select-and-unmask of :mod:`diffill.kernels.select_unmask` (same rules; greedy steps
-    only -- at temperature > 0 the torch code below always runs).
-    block / total_steps: semi-autoregressive blocks (see the module doc); ``total_steps`` is
-    ``SamplerConfig.steps`` (the step index is ``total_steps - steps_left``).
+    model: forward_hidden(ids [L,T], attention_mask [L,T] | None) -> (hidden [L,T,D], _),
+    head(hidden [..., D]) -> logits [..., V]. noise: [L, N, V] uniform in [0, 1) when
+    ``spec.temperature`` > 0 (at temperature > 0 the torch selection below always runs,
+    whatever ``spec.select_impl`` says). ``steps_left``: an int, or [L] long (CUDA graphs).
     No host synchronisation.
     """
     ids, masked, logp, steps = state
     hidden, _ = model.forward_hidden(ids, canvas.attn)
-    src = canvas.hole_pos - 1 if shift else canvas.hole_pos  # [L, N]
+    src = canvas.hole_pos - 1 if spec.shift else canvas.hole_pos  # [L, N]
     src = src.clamp_min(0)
     h = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # [L, N, D]
     rem = masked.sum(1)  # [L]
-    if block is None:
+    if spec.block is None:
         elig = masked
         k = torch.div(rem + steps_left - 1, steps_left, rounding_mode="floor")
     else:
-        if total_steps is None:
-            raise ValueError("denoise_step: block needs total_steps")
-        elig, k = block_schedule(masked, canvas.valid, steps_left, block, total_steps,
-                                 fixed=threshold == float("inf"))
+        elig, k = block_schedule(masked, canvas.valid, steps_left, spec.block, spec.total_steps,
+                                 fixed=spec.threshold is None)
     hole = ids.gather(1, canvas.hole_pos)
-    if select_impl is not None and temperature == 0:
-        from diffill.kernels.select_unmask import select_unmask
-
+    if spec.select_impl is not None and spec.temperature == 0:
         L, N = masked.shape
         new_masked = elig.clone()
-        res = select_unmask(  # the logits in the model's dtype, read once
+        res = fused_select_unmask()(  # the logits in the model's dtype, read once
             model.head(h), hole, torch.arange(N, device=hole.device).expand(L, N), new_masked, k,
-            None if threshold == float("inf") else threshold, strategy.value, ban=mask_id,
-            impl=select_impl,
+            spec.threshold, spec.strategy.value, ban=spec.mask_id, impl=spec.select_impl,
         )
         sel = res.selected
         logp = torch.where(sel, res.logp, logp)
         masked = masked & ~sel
     else:
         logits = model.head(h).float()  # [L, N, V]
-        logits[..., mask_id] = float("-inf")
-        tok, score, tok_logp = token_scores(logits, strategy, temperature, noise)
-        if threshold != float("inf"):
-            k = torch.maximum(k, ((score > threshold) & elig).sum(1))
+        logits[..., spec.mask_id] = float("-inf")
+        tok, score, tok_logp = token_scores(logits, spec.strategy, spec.temperature, noise)
+        if spec.threshold is not None:
+            k = torch.maximum(k, ((score > spec.threshold) & elig).sum(1))
         score = score.masked_fill(~elig, float("-inf"))
         order = torch.sort(score, dim=1, descending=True, stable=True).indices
         rank = torch.empty_like(order).scatter_(
@@ -476,22 +570,215 @@ def denoise_step(
         hole = torch.where(sel, tok, hole)
         logp = torch.where(sel, tok_logp, logp)
         masked = masked & ~sel
-    if absorb_pad:
+    if spec.absorb_pad:
         is_term = torch.zeros_like(masked)
-        for t in terminators:
+        for t in spec.terminators:
             is_term |= hole == t
         is_term &= canvas.valid & ~masked
         c = is_term.long().cumsum(1)
         after = (c - is_term.long()) > 0  # strictly after the first committed terminator
         after &= canvas.valid
-        hole = torch.where(after, torch.full_like(hole, pad_id), hole)
+        hole = torch.where(after, torch.full_like(hole, spec.pad_id), hole)
         logp = logp.masked_fill(after, 0.0)
         masked = masked & ~after
     ids = ids.scatter(1, canvas.hole_pos, hole)
     return DenoiseState(ids, masked, logp, steps + (rem > 0).long())
 
 
-def _trim(
+# --------------------------------------------------------------------------- the decode loop
+
+
+@dataclass
+class InfillRequest:
+    """One request as the decode loop (and the engine's batching) sees it."""
+
+    prefix_ids: list[int]
+    suffix_ids: list[int]
+    sampler: SamplerConfig
+    cancel: Callable[[], bool] | None = None
+
+
+@dataclass
+class Rows:
+    """Per canvas row of a batch: the request it belongs to (-1: a filler row that pads the
+    batch to a shape bucket), its hole length (0 for filler) and its noise generator
+    (temperature > 0). :meth:`take` keeps them in step with the canvas when rows go."""
+
+    owner: list[int]
+    length: list[int]
+    gen: list[torch.Generator | None]
+
+    def take(self, keep: Sequence[int]) -> Rows:
+        return Rows([self.owner[r] for r in keep], [self.length[r] for r in keep],
+                    [self.gen[r] for r in keep])
+
+    def pad_to(self, L: int) -> Rows:
+        n = L - len(self.owner)
+        return Rows(self.owner + [-1] * n, self.length + [0] * n, self.gen + [None] * n)
+
+
+def batch_rows(requests: Sequence[InfillRequest], device: torch.device | str) -> Rows:
+    """The rows of ``requests`` in order (one per candidate length of each), with the noise
+    generators seeded per (request seed, hole length) when the request samples."""
+    rows = Rows([], [], [])
+    for i, req in enumerate(requests):
+        sc = req.sampler
+        seed = None
+        if sc.temperature > 0:
+            seed = sc.seed if sc.seed is not None else secrets.randbits(62)
+        for n in candidate_lengths(sc.lengths):
+            rows.owner.append(i)
+            rows.length.append(n)
+            rows.gen.append(None if seed is None else
+                            torch.Generator(device=device).manual_seed(seed_for(seed, n)))
+    return rows
+
+
+def stack_canvases(cvs: Sequence[Canvas], pad_id: int,
+                   shape: Callable[[int, int, int], tuple[int, int, int]] | None = None) -> Canvas:
+    """Pad every request's canvas to one shape and stack the rows. ``shape(L, T, N)`` may
+    round the natural shape up (the engine's shape buckets); rows added at the end are
+    filler (:func:`pad_canvas`)."""
+    N = max(c.hole_pos.shape[1] for c in cvs)
+    T = max(c.ids.shape[1] + N - c.hole_pos.shape[1] for c in cvs)
+    L = sum(c.ids.shape[0] for c in cvs)
+    Lb, T, N = shape(L, T, N) if shape is not None else (L, T, N)
+    cv = Canvas(*(torch.cat(ts, 0) for ts in zip(*(pad_canvas(c, pad_id, T, N) for c in cvs),
+                                                    strict=True)))
+    return pad_canvas(cv, pad_id, T, N, Lb) if Lb > L else cv
+
+
+class Stepper(Protocol):
+    """How the loop runs a step and lets rows go. :class:`EagerSteps` (the step as torch
+    code, on the model or a :class:`~diffill.model.cache.DualCache`); the engine's CUDA-graph
+    replay is another."""
+
+    def step(self, canvas: Canvas, state: DenoiseState, s: int,
+             noise: torch.Tensor | None) -> DenoiseState:
+        """Step ``s`` (0-based) of ``canvas`` from ``state``."""
+        ...
+
+    def drop(self, canvas: Canvas, state: DenoiseState,
+             keep: list[int]) -> tuple[Canvas, DenoiseState, list[int]]:
+        """Rows not in ``keep`` are no longer wanted: returns the canvas and state to go on
+        with and the rows they hold (``keep``, or every row for a stepper whose shapes are
+        fixed and which freezes the others instead)."""
+        ...
+
+
+class EagerSteps:
+    """:func:`denoise_step` on ``forward`` (the model, or a cache wrapper around it);
+    ``on_drop(idx)`` is told which rows stay when rows go (a cache keeps per-row keys)."""
+
+    def __init__(self, forward: Any, spec: StepSpec,
+                 on_drop: Callable[[torch.Tensor], None] | None = None) -> None:
+        self.forward = forward
+        self.spec = spec
+        self.on_drop = on_drop
+
+    def step(self, canvas: Canvas, state: DenoiseState, s: int,
+             noise: torch.Tensor | None) -> DenoiseState:
+        return denoise_step(self.forward, canvas, state, self.spec.total_steps - s, self.spec, noise)
+
+    def drop(self, canvas: Canvas, state: DenoiseState,
+             keep: list[int]) -> tuple[Canvas, DenoiseState, list[int]]:
+        idx = torch.tensor(keep, device=state.ids.device)
+        if self.on_drop is not None:
+            self.on_drop(idx)
+        return canvas.rows(idx), state.rows(idx), keep
+
+
+@dataclass
+class Decoded:
+    """What the loop leaves: the final canvas, state and rows, and the requests cancelled
+    (request index -> the exception to raise for it)."""
+
+    canvas: Canvas
+    state: DenoiseState
+    rows: Rows
+    cancelled: dict[int, InfillCancelled]
+
+
+def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows, spec: StepSpec,
+              cancels: Sequence[Callable[[], bool] | None], *, vocab_size: int) -> Decoded:
+    """THE decode loop, shared by :func:`infill`, the dual-cache sampler and the engine.
+
+    Before each step every live request's ``cancels[i]()`` is asked; a cancelled request's
+    rows are let go (``stepper.drop``) and the others go on. With temperature > 0 each row
+    draws its ``[n, V]`` uniform noise from its own generator. The loop runs
+    ``spec.loop_steps`` steps; in threshold mode it stops once nothing is masked, its only
+    host synchronisation.
+    """
+    live = sorted({o for o in rows.owner if o >= 0})
+    cancelled: dict[int, InfillCancelled] = {}
+    noise = None
+    if spec.temperature > 0:  # rows' unused slots keep zeros (never selected)
+        L, N = canvas.valid.shape
+        noise = torch.zeros((L, N, vocab_size), dtype=torch.float32, device=state.ids.device)
+    for s in range(spec.loop_steps(max(rows.length, default=0))):
+        gone = [i for i in live if cancels[i] is not None and cancels[i]()]
+        if gone:
+            for i in gone:
+                cancelled[i] = InfillCancelled(f"infill cancelled before step {s + 1}")
+            live = [i for i in live if i not in gone]
+            if not live:
+                break
+            keep = [r for r, o in enumerate(rows.owner) if o in live]
+            canvas, state, kept = stepper.drop(canvas, state, keep)
+            if len(kept) < len(rows.owner):
+                if noise is not None:
+                    noise = noise[torch.tensor(kept, device=noise.device)]
+                rows = rows.take(kept)
+        if noise is not None:
+            for r, g in enumerate(rows.gen):
+                if g is not None:
+                    n = rows.length[r]
+                    noise[r, :n] = torch.rand((n, vocab_size), generator=g, device=noise.device)
+        state = stepper.step(canvas, state, s, noise)
+        # the one host synchronisation of the loop (threshold mode only)
+        if spec.threshold is not None and not bool(state.masked.any()):
+            break
+    return Decoded(canvas, state, rows, cancelled)
+
+
+def collect(out: Decoded, n_requests: int, terminators: tuple[int, ...], *,
+            dedup: bool = True) -> list[list[Infill] | InfillCancelled]:
+    """Per request: its candidates, best first (one host transfer for the whole batch), or
+    the :class:`InfillCancelled` it ended with."""
+    hole = out.state.ids.gather(1, out.canvas.hole_pos).tolist()
+    logp = out.state.logp.tolist()
+    steps = out.state.steps.tolist()
+    cands: list[list[Infill]] = [[] for _ in range(n_requests)]
+    for r, (o, n) in enumerate(zip(out.rows.owner, out.rows.length, strict=True)):
+        if o >= 0 and o not in out.cancelled:
+            mid, score = trim_middle(hole[r][:n], logp[r][:n], terminators)
+            cands[o].append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
+    return [out.cancelled[i] if i in out.cancelled
+            else rank_candidates(cands[i], list(range(len(cands[i]))), dedup)
+            for i in range(n_requests)]
+
+
+def decode(model: Any, cfg: ModelConfig, requests: Sequence[InfillRequest], *,
+           select_impl: str | None = None, dedup: bool = True,
+           stepper: Callable[[Canvas, StepSpec], Stepper] | None = None,
+           ) -> list[list[Infill] | InfillCancelled]:
+    """Requests that share their decoding rules as one batch: canvases, :func:`run_steps`,
+    the candidates. ``stepper(canvas, spec)`` (default: :class:`EagerSteps` on ``model``)
+    may put a cache around the model."""
+    spec = StepSpec.of(cfg, requests[0].sampler, select_impl=select_impl)
+    device = _model_device(model)
+    for r in requests:
+        _check_request(cfg, r.prefix_ids, r.suffix_ids)
+    cvs = [build_canvas(cfg, r.prefix_ids, r.suffix_ids, candidate_lengths(r.sampler.lengths), device)
+           for r in requests]
+    cv = stack_canvases(cvs, spec.pad_id)
+    steps = stepper(cv, spec) if stepper is not None else EagerSteps(model, spec)
+    out = run_steps(steps, cv, initial_state(cv), batch_rows(requests, device), spec,
+                    [r.cancel for r in requests], vocab_size=cfg.vocab_size)
+    return collect(out, len(requests), spec.terminators, dedup=dedup)
+
+
+def trim_middle(
     hole: list[int], logp: list[float], terminators: tuple[int, ...]
 ) -> tuple[list[int], float]:
     """hole tokens [n] and their commit log-probs -> (middle, mean log-prob over middle + terminator)."""
@@ -504,7 +791,7 @@ def _trim(
     return hole[:end], float(sum(counted) / len(counted))
 
 
-def _rank(cands: list[Infill], order: list[int], dedup: bool) -> list[Infill]:
+def rank_candidates(cands: list[Infill], order: list[int], dedup: bool) -> list[Infill]:
     idx = sorted(range(len(cands)), key=lambda i: (-cands[i].score, order[i]))
     out: list[Infill] = []
     seen: set[tuple[int, ...]] = set()
@@ -536,66 +823,15 @@ def infill(
 ) -> list[Infill]:
     """Fill the hole between prefix and suffix; best candidate first (see module doc).
 
-    All candidate lengths run in one batch, one forward per step. Raises
-    :class:`InfillCancelled` if ``cancel()`` returns True before a step.
-    ``select_impl``: see :func:`denoise_step` (None: the plain torch step).
+    All candidate lengths run in one batch, one forward per step (:func:`run_steps`).
+    Raises :class:`InfillCancelled` if ``cancel()`` returns True before a step.
+    ``select_impl``: see :class:`StepSpec` (None: the plain torch step).
     """
-    sp = SpecialIds.from_config(cfg)
-    lengths = candidate_lengths(sc.lengths)
-    _check_request(cfg, prefix_ids, suffix_ids)
-    device = _model_device(model)
-    cv = build_canvas(cfg, prefix_ids, suffix_ids, lengths, device)
-    L, N = cv.valid.shape
-    state = DenoiseState(
-        cv.ids,
-        cv.valid.clone(),
-        torch.zeros((L, N), dtype=torch.float32, device=device),
-        torch.zeros((L,), dtype=torch.long, device=device),
-    )
-    threshold = float("inf") if sc.threshold is None else float(sc.threshold)
-    gens: list[torch.Generator] = []
-    if sc.temperature > 0:
-        seed = sc.seed if sc.seed is not None else secrets.randbits(62)
-        gens = [torch.Generator(device=device).manual_seed(_seed_for(seed, n)) for n in lengths]
-    n_loop = sc.steps if sc.threshold is not None else min(sc.steps, N)
-    noise = None
-    if gens:  # rows' unused slots keep zeros (never selected)
-        noise = torch.zeros((L, N, cfg.vocab_size), dtype=torch.float32, device=device)
-    for s in range(n_loop):
-        if cancel is not None and cancel():
-            raise InfillCancelled(f"infill cancelled before step {s + 1}")
-        if noise is not None:
-            for r, n in enumerate(lengths):
-                noise[r, :n] = torch.rand((n, cfg.vocab_size), generator=gens[r], device=device)
-        state = denoise_step(
-            model,
-            cv,
-            state,
-            sc.steps - s,
-            mask_id=sp.mask,
-            pad_id=sp.pad,
-            terminators=sp.terminators,
-            shift=cfg.shift_logits,
-            strategy=sc.strategy,
-            threshold=threshold,
-            temperature=sc.temperature,
-            absorb_pad=sc.absorb_pad,
-            noise=noise,
-            select_impl=select_impl,
-            block=sc.block,
-            total_steps=sc.steps,
-        )
-        # the one host synchronisation of the loop (threshold mode only)
-        if sc.threshold is not None and not bool(state.masked.any()):
-            break
-    hole = state.ids.gather(1, cv.hole_pos).tolist()
-    logp = state.logp.tolist()
-    steps = state.steps.tolist()
-    cands = []
-    for r, n in enumerate(lengths):
-        mid, score = _trim(hole[r][:n], logp[r][:n], sp.terminators)
-        cands.append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
-    return _rank(cands, list(range(len(lengths))), dedup)
+    (res,) = decode(model, cfg, [InfillRequest(prefix_ids, suffix_ids, sc, cancel)],
+                    select_impl=select_impl, dedup=dedup)
+    if isinstance(res, InfillCancelled):
+        raise res
+    return res
 
 
 # --------------------------------------------------------------------------- reference
@@ -629,7 +865,7 @@ def infill_reference(
         s0 = len(head)
         masked = [True] * n
         logps = [0.0] * n
-        gen = torch.Generator(device=device).manual_seed(_seed_for(seed, n))
+        gen = torch.Generator(device=device).manual_seed(seed_for(seed, n))
         steps_run = 0
         for s in range(sc.steps):
             if cancel is not None and cancel():
@@ -680,6 +916,6 @@ def infill_reference(
                         canvas[s0 + j] = sp.pad
                         logps[j] = 0.0
                         masked[j] = False
-        mid, score = _trim(canvas[s0 : s0 + n], logps, sp.terminators)
+        mid, score = trim_middle(canvas[s0 : s0 + n], logps, sp.terminators)
         cands.append(Infill(ids=mid, length=n, score=score, steps=steps_run))
-    return _rank(cands, list(range(len(lengths))), dedup)
+    return rank_candidates(cands, list(range(len(lengths))), dedup)

@@ -4,7 +4,7 @@
         model/default_model runs/v3/final
 
 Prints, per checkpoint and per FIM hole-size prior (``p_tight_hole`` 0 and 0.5), the mean
-per-row diffusion loss (the training ELBO, see ``diffill.model.data``) of plain windows, of
+per-row diffusion loss (the training ELBO, see ``diffill.training.data``) of plain windows, of
 FIM canvases and of both. Each model is read with its own head (shifted or not).
 """
 
@@ -15,8 +15,8 @@ import argparse
 import numpy as np
 import torch
 from diffill.model import load_model
-from diffill.model.data import FIM, PLAIN, DataConfig, TokenSource, heldout_batches
-from diffill.model.train import diffusion_loss
+from diffill.training.data import FIM, PLAIN, DataConfig, TokenSource, heldout_batches
+from diffill.training.train import diffusion_loss
 from tokenizers import Tokenizer
 
 

@@ -74,7 +74,7 @@ step() {  # step NAME TIMEOUT CMD... : run with a time limit, log, never abort t
 # -- environment: carried wheels, and `diffill` importable without installing it -------------
 SHIM=/tmp/diffill_shim
 . scripts/gpu_env.sh
-DIFFILL=("$PY" -m diffill.lsp_server.cli)
+DIFFILL=("$PY" -m diffill.cli)
 
 say "mode $MODE, python $PY, out $OUT"
 {
@@ -114,10 +114,11 @@ COMMON=(--device "$DEV" --ctx "${CTX[@]}" --holes "${HOLES[@]}" --steps "${STEPS
 # -- 1. correctness on the device ---------------------------------------------------------------
 if [ "$MODE" = gpu ]; then
   step tests "$TLIM_TEST" "$PY" -m pytest -q -p no:cacheprovider -x tests/gpu \
-    tests/unit/test_kernels.py tests/unit/test_cache.py tests/unit/test_ar.py tests/unit/test_plan.py
+    tests/unit/kernels/test_select_unmask.py tests/unit/model/test_cache.py tests/unit/evaluation/test_ar.py \
+    tests/unit/model/test_plan.py
 else
   step tests "$TLIM_TEST" "$PY" -m pytest -q -p no:cacheprovider -x tests/gpu \
-    tests/unit/test_cache.py tests/unit/test_ar.py
+    tests/unit/model/test_cache.py tests/unit/evaluation/test_ar.py
 fi
 
 # -- 2. benchmarks (priority order: the main model, its graphs run, the other sizes, extras) ----

@@ -87,13 +87,13 @@ rm -rf "$RUNS"
 COMMON=(--data "$DATA" --tokenizer "$DATA/tokenizer.json" "${SHAPE[@]}" "${RUNCFG[@]}" --seed 0)
 
 say "phase 1: causal warm start"
-"$PY" -m diffill.model.train "${COMMON[@]}" --out "$RUNS/ar" --objective ar --shift-logits \
+"$PY" -m diffill.training.train "${COMMON[@]}" --out "$RUNS/ar" --objective ar --shift-logits \
   --fim-ratio 0 "${AR_LR[@]}" "${AR_LIMIT[@]}" >>"$LOG" 2>&1
 rc1=$?; say "phase 1 rc=$rc1"; tail -n 3 "$RUNS/ar/log.jsonl" >>"$LOG" 2>/dev/null
 [ -e "$RUNS/ar/latest" ] || { say "phase 1 left no checkpoint"; exit 1; }
 
 say "phase 2: masked diffusion from phase 1"
-"$PY" -m diffill.model.train "${COMMON[@]}" --out "$RUNS/mdm" --init-from "$RUNS/ar/latest" \
+"$PY" -m diffill.training.train "${COMMON[@]}" --out "$RUNS/mdm" --init-from "$RUNS/ar/latest" \
   --shift-logits --fim-ratio 0.7 "${MDM_LR[@]}" "${MDM_LIMIT[@]}" >>"$LOG" 2>&1
 rc2=$?; say "phase 2 rc=$rc2"; tail -n 3 "$RUNS/mdm/log.jsonl" >>"$LOG" 2>/dev/null
 FINAL=$(readlink -f "$RUNS/mdm/latest" 2>/dev/null || readlink -f "$RUNS/ar/latest")

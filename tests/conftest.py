@@ -1,19 +1,24 @@
-"""Shared fixtures.
+"""Shared fixtures (helpers importable by every test: ``tests/support.py``, the one
+tiny-model builder and the tiny checkpoint writers).
 
-``scripted_model_dir`` (session scope): a real diffill checkpoint folder (config.json,
-model.safetensors, the shipped tokenizer.json) whose weights are written by
-``tests/fixtures/scripted_model.py`` so that it answers the prompts of its ``RULES``
-with fixed middles and leaves every other hole empty, with margins no CPU's floating
-point can overturn. Every test that checks what is done with a suggestion (editors,
-items, HTTP, scheduler, soak, ...) runs it and states the completion it expects. Built
-in about a second; treat the folder as read-only.
+The tests mirror the code: ``tests/unit/<folder>/test_<module>.py`` for ``<folder>/<module>.py``
+(``tests/unit/test_cli.py`` and ``test_layout.py`` for the root package and the floor plan),
+``tests/e2e/`` (real servers, real editors) and ``tests/gpu/`` (skipped without CUDA).
+
+``model_dir`` = ``scripted_model_dir`` (session scope): a real diffill checkpoint folder
+(config.json, model.safetensors, the shipped tokenizer.json) whose weights are written by
+``tests/support/scripted_model.py`` so that it answers the prompts of its ``RULES`` with
+fixed middles and leaves every other hole empty, with margins no CPU's floating point can
+overturn. Every test that loads a real model (server, editors, HTTP, CLI, soak, ...) runs
+it and states the completion it expects. Built in seconds; treat the folder as read-only.
 
 ``micro_model_dir`` (session scope): a real diffill checkpoint folder
 (config.json, model.safetensors, tokenizer.json) of a micro model trained on the
 committed micro corpus (``tests/fixtures/micro_corpus.py``) with its own tiny
 BPE. It memorises that corpus well enough to fill most of its lines back in exactly;
-``tests/unit/test_learning.py`` checks that, with a tolerance for what differs between
-machines. Nothing else may assert on what it writes. Treat the folder as read-only.
+``tests/unit/training/test_train_learning.py`` checks that, with a tolerance for what
+differs between machines. Nothing else may assert on what it writes. Treat the folder as
+read-only.
 
 Training it takes minutes (5.5 on a shared 2-core box, 9 on another), so it is cached
 across sessions under ``$DIFFILL_TEST_CACHE`` (default
@@ -24,8 +29,8 @@ versions, the ATen CPU kernel level and the CPU model, the thread count).
 built once per session under pytest's tmp dir). Concurrent sessions are safe:
 each builds in its own temporary folder and renames it into place atomically.
 
-Outside pytest the same models come from ``python tests/fixtures/scripted_model.py OUT``
-and ``python -m diffill.model.train --micro OUT`` (checkpoint in ``OUT/model``).
+Outside pytest the same models come from ``python tests/support/scripted_model.py OUT``
+and ``python -m diffill.training.train --micro OUT`` (checkpoint in ``OUT/model``).
 """
 
 from __future__ import annotations
@@ -34,20 +39,21 @@ import hashlib
 import os
 import platform
 import shutil
-import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+import tokenizers
+import torch
+from diffill.training.train import train_micro_model
+from support import FIXTURES, ROOT, write_diffill_checkpoint
+from support.scripted_model import build_scripted_model
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures"
 MICRO_CORPUS = FIXTURES / "micro_corpus.py"
-_KEY_FILES = ("model/train.py", "model/data.py", "model/transformer.py", "model/config.py",
+_KEY_FILES = ("training/train.py", "training/data.py", "model/transformer.py", "model/config.py",
               "model/attention.py")
 MICRO_THREADS = 1  # training threads: part of what determines the micro model
-
-sys.path.insert(0, str(FIXTURES))  # scripted_model, for the fixture and the tests that check it
 
 
 def micro_corpus_text() -> str:
@@ -69,8 +75,6 @@ def _micro_key() -> str:
     """Hash of what decides the trained weights: training floating point differs between
     ATen kernel levels (AVX-512 / AVX2 / default), CPU models and thread counts."""
     import numpy
-    import tokenizers
-    import torch
 
     h = hashlib.sha256()
     h.update(micro_corpus_text().encode())
@@ -87,8 +91,6 @@ def _micro_key() -> str:
 
 def build_micro_model(cache_root: Path) -> Path:
     """The micro checkpoint folder under ``cache_root`` (built if missing)."""
-    from diffill.model.train import train_micro_model
-
     final = cache_root / f"micro-{_micro_key()}"
     ckpt = final / "model"
     if (ckpt / "model.safetensors").is_file() and (ckpt / "config.json").is_file():
@@ -128,6 +130,29 @@ def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The scripted checkpoint folder (read-only; answers: ``scripted_model.RULES``)."""
-    from scripted_model import build_scripted_model
-
     return build_scripted_model(tmp_path_factory.mktemp("scripted-model"))
+
+
+@pytest.fixture(scope="session")
+def model_dir(scripted_model_dir: Path) -> Path:
+    """The checkpoint folder tests that load a real model use: the scripted one, whose
+    answers are certain on any CPU (module doc)."""
+    return Path(scripted_model_dir)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one intra-op thread is faster, and far faster on a busy machine
+    (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def tiny_ckpt(tmp_path: Path) -> tuple[Path, Any]:
+    """A random tiny diffill checkpoint folder (with provenance) and the model it holds."""
+    folder = tmp_path / "ckpt"
+    model = write_diffill_checkpoint(folder, provenance={"corpus": "unit-test", "steps": 3})
+    return folder, model

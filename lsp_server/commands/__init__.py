@@ -1,7 +1,9 @@
-"""Subcommands of the ``diffill`` CLI: one module each (``add_parser`` + ``run``).
+"""The server side's ``diffill`` subcommands: ``complete``, ``serve``, ``serve-http``,
+``info`` (one module each: ``add_parser`` + ``run``, dispatched by :mod:`diffill.cli`).
 
-Shared here (torch-free): the ``--threads`` option of the commands that run the model;
-the decision itself is :mod:`diffill.model.runtime`'s."""
+Shared here (torch-free, also used by the evaluation side's commands): the ``--threads``
+option of the commands that run the model; the decision itself is
+:mod:`diffill.model.runtime`'s."""
 
 from __future__ import annotations
 
@@ -50,6 +52,6 @@ def threads_to_env(args: argparse.Namespace) -> None:
 
 def configure_threads(args: argparse.Namespace, device: object) -> None:
     """For commands that run the model on this thread right away."""
-    from diffill.model.runtime import configure_cpu_threads
+    from ...model.runtime import configure_cpu_threads  # torch: not for serve's `initialize`
 
     configure_cpu_threads(getattr(args, "threads", None), device)

@@ -3,20 +3,52 @@
 Lines and columns are 1-based, like editors show them; the column counts
 characters (Unicode code points) and may be one past the last character (the
 end of the line). The suggestion is what would be inserted at the cursor.
+
+Without ``--steps`` the step count is chosen to fit the latency budget
+(``--latency-budget-ms``, else the device's default, 25 ms on a GPU, 200 ms on a CPU),
+by the engine's step plan as in the server (``docs/step-budget.md``): instead of timing
+every shape bucket, the local model first runs one refinement step on this request's own
+context and hole (``warmup_ms`` in ``--json``), the plan is made from that timing, and
+the completion then takes the steps that fit. When it still takes longer than the budget (one step alone is
+over it, or token healing needed a second model call), ``--json`` says why in
+``budget_note`` and one line on stderr says so too.
+
+Exit status (:data:`EXIT_CODES`): 0 a suggestion was printed, 1 nothing to suggest,
+2 usage or bad input, 3 the model could not be loaded, 4 the completion failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import sys
 import time
 from pathlib import Path
 
 import msgspec
 
+from ..backends import BackendError, LocalBackend, load_local_backend
+from ..completer import Completer, options_from_kwargs
 from . import add_recipe_option, add_threads_option, check_threads, configure_threads
 
 MAX_FILE_MB_DEFAULT = 16.0
+
+EXIT_OK = 0
+EXIT_NO_SUGGESTION = 1
+EXIT_USAGE = 2
+EXIT_LOAD_FAILED = 3
+EXIT_COMPLETION_FAILED = 4
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "a suggestion was printed",
+    EXIT_NO_SUGGESTION: "nothing to suggest (the model's answer was empty, or post-processing "
+                        "and the syntax guard dropped every candidate)",
+    EXIT_USAGE: "usage error or bad input (arguments, file, position, option values)",
+    EXIT_LOAD_FAILED: "the model could not be loaded",
+    EXIT_COMPLETION_FAILED: "the completion failed (model or backend error)",
+}
+"""``diffill complete``'s exit status; argparse's usage errors are 2 as well. An uncaught
+Python exception would exit 1, so every other failure is caught and reported as 4."""
 
 
 class InputError(ValueError):
@@ -32,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "inserted at the cursor. LINE and COL are 1-based (as editors show them); COL counts "
             "characters (code points) and may be one past the line's last character."
         ),
+        epilog="exit status: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()),
     )
     p.add_argument("file", help="source file (UTF-8 text), or - for standard input")
     p.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
@@ -44,7 +77,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_threads_option(p)
     p.add_argument("--max-tokens", type=int, default=None, help="longest middle in tokens (32)")
     p.add_argument("--steps", type=int, default=None,
-                   help="refinement steps (default: the engine's default)")
+                   help="refinement steps (default: as many as fit the latency budget)")
+    p.add_argument("--latency-budget-ms", type=float, default=None, metavar="MS",
+                   help="time for the completion when --steps is not given "
+                        "(default: 25 on a GPU, 200 on a CPU)")
     p.add_argument("--n", type=int, default=1, help="number of candidates to print")
     p.add_argument("--context-tokens", type=int, default=None,
                    help="token budget for prefix + suffix (1024)")
@@ -53,7 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-file-mb", type=float, default=MAX_FILE_MB_DEFAULT,
                    help=f"refuse larger files ({MAX_FILE_MB_DEFAULT:g} MB)")
     p.add_argument("--json", action="store_true",
-                   help="print a JSON object: suggestions, scores, token counts, timings")
+                   help="print a JSON object: suggestions, scores, token counts, timings, "
+                        "budget (the exit status is the same as without --json)")
     return p
 
 
@@ -117,21 +154,24 @@ def run(args: argparse.Namespace) -> int:
         offset = position_offset(text, args.line, args.col)
     except InputError as e:
         print(f"diffill complete: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.n < 1:
         print("diffill complete: --n must be >= 1", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
     err = check_threads(args)
     if err:
         print(f"diffill complete: {err}", file=sys.stderr)
-        return 2
-    configure_threads(args, args.device)
-    from ..backends import BackendError, load_local_backend
-    from ..completer import Completer, options_from_kwargs
-
+        return EXIT_USAGE
+    if _diffill_is_the_program():
+        # Exit sooner: the interpreter's last collections walk every object torch created
+        # at import (~0.35 s of a 1.5 s run here); atexit runs before them, and frozen
+        # objects are skipped (stdout and stderr are still flushed). Not in a host process
+        # (tests, scripts calling main([...])): its leak checks would see the frozen objects.
+        atexit.unregister(gc.freeze)
+        atexit.register(gc.freeze)
     opts: dict[str, object] = {"model_path": args.model, "device": args.device}
-    for name in ("max_tokens", "steps", "context_tokens", "multiline", "recipe"):
+    for name in ("max_tokens", "steps", "context_tokens", "multiline", "recipe", "latency_budget_ms"):
         v = getattr(args, name)
         if v is not None:
             opts[name] = v
@@ -139,23 +179,42 @@ def run(args: argparse.Namespace) -> int:
         options = options_from_kwargs(**opts)
     except ValueError as e:
         print(f"diffill complete: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    t_import = time.perf_counter()
+    configure_threads(args, args.device)  # imports torch
+    from ...model import engine  # noqa: F401  (the model code: counted in import_s, not load_s)
+
+    import_s = time.perf_counter() - t_import
     t0 = time.perf_counter()
     try:
         backend = load_local_backend(options.model_path, options.device, max_steps=options.max_steps,
                                      options=options)
     except Exception as e:  # report any load failure in one line
         print(f"diffill complete: cannot load model: {e}", file=sys.stderr)
-        return 1
+        return EXIT_LOAD_FAILED
     load_s = time.perf_counter() - t0
     completer = Completer(backend, options)
-    t1 = time.perf_counter()
+    path = None if args.file == "-" else args.file
+    budget_ms = backend.budget_ms(options.latency_budget_ms)
     try:
-        res = completer.run(text, offset, n=args.n, path=None if args.file == "-" else args.file)
+        warmup_ms = None if options.steps is not None else _warm_up_on(completer, text, offset, args.n, path)
+        calls0 = backend.model_calls
+        t1 = time.perf_counter()
+        res = completer.run(text, offset, n=args.n, path=path)
+        complete_ms = (time.perf_counter() - t1) * 1000.0
     except BackendError as e:
         print(f"diffill complete: {e}", file=sys.stderr)
-        return 1
-    complete_ms = (time.perf_counter() - t1) * 1000.0
+        return EXIT_COMPLETION_FAILED
+    except Exception as e:  # noqa: BLE001 - a crash must not exit 1 (= no suggestion)
+        print(f"diffill complete: completion failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_COMPLETION_FAILED
+    calls = backend.model_calls - calls0
+    steps = max((c.steps for c in res.candidates), default=0)
+    note = None
+    if options.steps is None and complete_ms > budget_ms:
+        note = budget_note(complete_ms, budget_ms, calls=calls, warmup_ms=warmup_ms,
+                           max_steps=options.max_steps)
+    status = EXIT_OK if res.suggestions else EXIT_NO_SUGGESTION
 
     if args.json:
         out = {
@@ -170,16 +229,66 @@ def run(args: argparse.Namespace) -> int:
             "prefix_tokens": res.context.prefix_tokens,
             "suffix_tokens": res.context.suffix_tokens,
             "model": backend.describe(),
+            "import_s": round(import_s, 3),
             "load_s": round(load_s, 3),
+            "warmup_ms": None if warmup_ms is None else round(warmup_ms, 1),
             "complete_ms": round(complete_ms, 1),
+            "latency_budget_ms": budget_ms,
+            "steps": steps,  # the most refinement steps a candidate needed
+            "model_calls": calls,
+            "over_budget": complete_ms > budget_ms,
+            "budget_note": note,
+            "exit_status": status,
         }
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out)).decode() + "\n")
-        return 0
+    else:
+        for i, s in enumerate(res.suggestions):
+            if len(res.suggestions) > 1:
+                print(f"--- {i + 1} (score {s.score:.3f}) ---")
+            print(s.text)
+    if note:
+        print(f"diffill complete: {note}", file=sys.stderr)
     if not res.suggestions:
         print("diffill complete: no suggestion", file=sys.stderr)
-        return 0
-    for i, s in enumerate(res.suggestions):
-        if len(res.suggestions) > 1:
-            print(f"--- {i + 1} (score {s.score:.3f}) ---")
-        print(s.text)
-    return 0
+    return status
+
+
+def _diffill_is_the_program() -> bool:
+    """Whether this process runs the diffill command line as its program (the ``diffill``
+    console script, or ``python -m`` of the CLI module) rather than as a library."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and str(spec.name).startswith("diffill."):
+        return True
+    return str(getattr(getattr(main, "main", None), "__module__", "")).startswith("diffill.")
+
+
+def _warm_up_on(completer: Completer, text: str, offset: int, n: int, path: str | None) -> float | None:
+    """One refinement step of the local model on this request's own context and hole (the
+    answer is discarded): first-call costs are paid, and the engine's step plan is made from
+    what one step of this shape costs here, so the completion that follows picks the steps
+    that fit the budget. Milliseconds taken; None for a backend that is not the local model."""
+    backend = completer.backend
+    if not isinstance(backend, LocalBackend):
+        return None
+    ctx = completer.build(text, offset, path=path)
+    return backend.warmup_on(ctx, n=n, max_tokens=completer.options.max_tokens)
+
+
+def budget_note(complete_ms: float, budget_ms: float, *, calls: int, warmup_ms: float | None,
+                max_steps: int) -> str:
+    """Why a budgeted completion took longer than its budget, in one line."""
+    why = []
+    if calls > 1:
+        why.append(f"{calls} model calls (token healing found no candidate that continues the "
+                   "typed word, so the hole at the cursor was filled again)")
+    if warmup_ms is not None and warmup_ms >= budget_ms:
+        why.append(f"one step of this request already takes longer (the warm-up step: "
+                   f"{warmup_ms:.0f} ms), and at least one step runs")
+    elif warmup_ms is not None:
+        why.append(f"the warm-up step took {warmup_ms:.0f} ms, so about "
+                   f"{max(1, int(budget_ms // max(warmup_ms, 1e-9)))} step(s) fit; the steps after "
+                   "it ran slower (a busy machine?)")
+    return (f"the completion took {complete_ms:.0f} ms, over the {budget_ms:g} ms latency budget: "
+            + "; ".join(why or ["the backend's estimate of a step was too low"])
+            + f" (--steps N fixes the step count; at most {max_steps} are chosen)")

@@ -14,14 +14,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from diffill.lsp_server.commands import (
-    add_recipe_option,
-    add_threads_option,
-    check_threads,
-    configure_threads,
-)
-from diffill.model.attention import resolved_backend
-from diffill.model.loader import LoadedModel, load_model
+import msgspec
+
+from ...model.attention import resolved_backend
+from ...model.loader import LoadedModel, load_model
+from ...model.plan import StepBudget, describe_plan, measure_plan
+from ...model.recipes import describe
+from . import add_recipe_option, add_threads_option, check_threads, configure_threads
 
 Section = Callable[[LoadedModel, argparse.Namespace], dict[str, Any]]
 
@@ -73,8 +72,6 @@ def special_tokens_section(lm: LoadedModel, args: argparse.Namespace) -> dict[st
 
 def recipe_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     """The family infilling recipe the loader chose (model/recipes.py) and why."""
-    from diffill.model.recipes import describe
-
     r = lm.config.recipe
     return {} if r is None else describe(r, lm.tokenizer.id_to_token)
 
@@ -88,11 +85,9 @@ def step_plan_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, An
     measured on this device when ``--plan`` is given (it runs the model)."""
     if not getattr(args, "plan", False):
         return {}
-    import msgspec
-    from diffill.model.plan import describe_plan, measure_plan
-
+    budget = StepBudget(lm.device.type, args.budget_ms)  # None: the device's default
     plan = measure_plan(
-        lm.model, lm.config, budget_ms=args.budget_ms, model_name=str(lm.path), repeats=3
+        lm.model, lm.config, budget_ms=budget.budget_ms(), model_name=str(lm.path), repeats=3
     )
     return {"table": describe_plan(plan), **msgspec.to_builtins(plan)}
 
@@ -168,7 +163,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "bucket that fit the latency budget); runs the model for a few seconds",
     )
     p.add_argument(
-        "--budget-ms", type=float, default=25.0, help="latency budget for --plan (default 25)"
+        "--budget-ms", type=float, default=None,
+        help="latency budget for --plan (default: the device's, 25 ms on a GPU, 200 ms on a CPU)"
     )
     return p
 
@@ -190,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         table = report.get("step_plan", {}).pop("table", None)
         if table is not None:
-            report["step_plan"] = {"budget_ms": args.budget_ms}
+            report["step_plan"] = {"budget_ms": report["step_plan"]["budget_ms"]}
         sys.stdout.write(render_text(report))
         if table is not None:
             sys.stdout.write(table + "\n")

@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def list_models() -> str:
-    from diffill.model.pulled import PUBLISHED
+    from ...model.pulled import PUBLISHED  # diffill.model imports torch: not for --list
 
     rows = [f"{'name':<24} {'repository':<38} {'bf16 weights':>12} {'plan GPU':>9} {'budget':>7}"]
     for m in PUBLISHED:
@@ -99,7 +99,7 @@ def shards_of(index_path: Path, siblings: list[str]) -> list[str]:
 
 def _explain(e: BaseException, repo: str, revision: str | None) -> str:
     """A one-line message for a hub error."""
-    from huggingface_hub import errors
+    from huggingface_hub import errors  # optional dependency (diffill[hub])
 
     if isinstance(e, errors.RevisionNotFoundError):
         return f"{repo}: revision {revision!r} not found"
@@ -118,10 +118,10 @@ def _explain(e: BaseException, repo: str, revision: str | None) -> str:
 
 def pull(spec: str, revision: str | None = None, dest: str | None = None) -> dict[str, Any]:
     """Download, check and record; returns the registry entry. Raises PullError."""
-    # imported here: only this command needs the hub client (and torch, for the check)
-    import huggingface_hub as hh
-    from diffill.model.loader import check_checkpoint
-    from diffill.model.pulled import published, record_pull
+    import huggingface_hub as hh  # optional dependency (diffill[hub]): only this command
+
+    from ...model.loader import check_checkpoint  # torch, for the check: not for --list
+    from ...model.pulled import published, record_pull  # as above
 
     row = published(spec)
     repo = row.repo_id if row is not None else spec
@@ -179,11 +179,11 @@ def run(args: argparse.Namespace) -> int:
         print(list_models())
         return 0 if args.list else 2
     try:
-        import huggingface_hub  # noqa: F401 - the one place diffill goes online
+        import huggingface_hub  # noqa: F401  (optional: the one place diffill goes online)
     except ImportError:
         print("diffill pull needs huggingface_hub: pip install 'diffill[hub]'", file=sys.stderr)
         return 2
-    from diffill.model.pulled import published
+    from ...model.pulled import published  # torch: not for --list
 
     try:
         entry = pull(args.name, args.revision, args.dir)

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from ..options import CompletionOptions, merge_options
+from ..server import create_server, setup_logging
 from . import add_recipe_option, add_threads_option, check_threads, threads_to_env
 
 
@@ -55,9 +57,6 @@ def parse_hostport(value: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..options import CompletionOptions, merge_options
-    from ..server import create_server, setup_logging
-
     raw: dict[str, object] = {}
     if args.model is not None:
         raw["modelPath"] = args.model

@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from ..backends import load_local_backend
+from ..options import CompletionOptions, merge_options
 from . import add_recipe_option, add_threads_option, check_threads, threads_to_env
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -130,7 +132,7 @@ def is_loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import aiohttp  # noqa: F401
+        import aiohttp  # noqa: F401  (optional dependency: diffill[http]; checked first)
     except ImportError:
         print("diffill serve-http needs aiohttp: pip install 'diffill[http]'", file=sys.stderr)
         return 2
@@ -140,9 +142,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     threads_to_env(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
-    from ..backends import load_local_backend
-    from ..http_server import HttpConfig, HttpFront, serve
-    from ..options import CompletionOptions, merge_options
+    from ..http_server import HttpConfig, HttpFront, serve  # needs aiohttp, checked above
 
     raw: dict[str, object] = {"modelPath": args.model, "device": args.device}
     if args.recipe is not None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SERVE = [sys.executable, "-m", "diffill.lsp_server.cli", "serve"]
+SERVE = [sys.executable, "-m", "diffill.cli", "serve"]
 
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:

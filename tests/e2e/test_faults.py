@@ -29,12 +29,6 @@ DOC = "def add_numbers(a, b):\n    total = a + b\n    return "
 ERROR = 1  # MessageType.Error
 
 
-@pytest.fixture(scope="module")
-def model_dir(scripted_model_dir: Path) -> Path:
-    """The scripted checkpoint (tests/fixtures/scripted_model.py): its answers are certain."""
-    return Path(scripted_model_dir)
-
-
 def start(model: Path, tmp: Path, env: dict[str, str] | None = None) -> RawClient:
     c = RawClient([*SERVE, "--model", str(model), "--log-file", str(tmp / "server.log")],
                   env=server_env(env), stderr_path=tmp / "server.err")

@@ -35,12 +35,6 @@ PARSE, INVALID_REQUEST, NOT_FOUND, INVALID_PARAMS, NOT_INITIALIZED = (
 SMALL = "def add_numbers(a, b):\n    total = a + b\n    return total\n"
 
 
-@pytest.fixture(scope="module")
-def model_dir(scripted_model_dir: Path) -> Path:
-    """The scripted checkpoint (tests/fixtures/scripted_model.py): its answers are certain."""
-    return Path(scripted_model_dir)
-
-
 def start(model_dir: Path, tmp: Path, *, extra_env: dict[str, str] | None = None) -> RawClient:
     return RawClient([*SERVE, "--model", str(model_dir)], env=server_env(extra_env),
                      stderr_path=tmp / "server.err")
@@ -345,7 +339,6 @@ def test_ten_megabyte_document_is_cut_to_the_budget(server: RawClient, model_dir
               f"{statistics.median(timings['big']) * 1000:.1f} ms, ratio {ratio:.2f}")
 
 
-
 def test_tcp_transport_has_the_same_framing(model_dir: Path, tmp_path: Path):
     """``diffill serve --tcp``: garbage, a request before initialize, a bad header, then a
     clean shutdown/exit (exit code 0)."""
@@ -356,7 +349,7 @@ def test_tcp_transport_has_the_same_framing(model_dir: Path, tmp_path: Path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "diffill.lsp_server.cli", "serve", "--model",
+    proc = subprocess.Popen([sys.executable, "-m", "diffill.cli", "serve", "--model",
                              str(model_dir), "--tcp", f"127.0.0.1:{port}"], env=server_env(),
                             stderr=open(tmp_path / "tcp.err", "wb"))  # noqa: SIM115
     try:

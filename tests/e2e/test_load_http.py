@@ -35,12 +35,6 @@ TOKEN_ENV = "DIFFILL_TEST_HTTP_TOKEN"
 TOKEN = "team-token-for-tests-only"
 
 
-@pytest.fixture(scope="module")
-def model_dir(scripted_model_dir: Path) -> Path:
-    """The scripted checkpoint (tests/fixtures/scripted_model.py): its answers are certain."""
-    return Path(scripted_model_dir)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -56,7 +50,7 @@ def start_http(model: Path, tmp: Path, *flags: str, env: dict[str, str] | None =
                steps: int | None = 2) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "diffill.lsp_server.cli", "serve-http", "--model", str(model),
+        [sys.executable, "-m", "diffill.cli", "serve-http", "--model", str(model),
          "--port", str(port), *(["--steps", str(steps)] if steps else []), *flags],
         stdout=subprocess.DEVNULL, stderr=open(tmp / f"http-{port}.err", "wb"),  # noqa: SIM115
         env=server_env(env))
@@ -136,10 +130,11 @@ def test_load_with_budget_steps_reports_drift_apart_from_crossings(model_dir: Pa
               f"{rep['differs_unverified']}; crossed {rep['crossed']}")
     assert rep["lost"] == 0 and rep["errors"] == 0 and rep["ok"] == 48
     assert rep["verified"] == 16 and rep["crossed"] == 0 and rep["unexplained"] == 0
-    # the budget's step count is chosen inside the backend (not reported as steps_planned
-    # until issue 15's frozen per-shape plan): differences are unverified, not crossings
+    # the budget's step count is chosen inside the engine, by a plan frozen at warm-up
+    # (not reported as steps_planned): the same steps under load as alone, no drift
     assert rep["steps_reported"] and rep["steps_alone"] is not None
     assert rep["differs_by_steps"] == 0
+    assert rep["steps_drifted"] == 0 and rep["differs_unverified"] == 0
 
 
 def test_full_queue_answers_429_and_loses_nothing(model_dir: Path, tmp_path: Path):

@@ -10,7 +10,7 @@ Servers started (module scope, one event loop):
 * ``broken``: a model path that does not exist.
 
 All of them serve the scripted checkpoint (``scripted_model_dir``,
-tests/fixtures/scripted_model.py), whose answers are certain: the documents are
+tests/support/scripted_model.py), whose answers are certain: the documents are
 functions of the micro corpus whose prompts its script answers, and the tests
 state the suggestions they expect.
 """
@@ -32,13 +32,13 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
-SERVER = [sys.executable, "-m", "diffill.lsp_server.cli", "serve"]
+SERVER = [sys.executable, "-m", "diffill.cli", "serve"]
 CLIENTS = {
     "neovim@v0.11.0": "utf-8",
     "visual-studio-code": "utf-16",
     "emacs": "utf-32",
 }
-# Protocol mechanics; the syntax guard has its own tests (tests/unit/test_syntax_guard.py).
+# Protocol mechanics; the syntax guard has its own tests (tests/unit/lsp_server/test_syntax.py).
 FAST = {"diffill": {"steps": 2, "maxTokens": 16, "numCandidates": 3, "syntaxCheck": False}}
 STEP_DELAY_MS = 100
 SLOW = {"diffill": {"steps": 4, "maxTokens": 16, "numCandidates": 1, "syntaxCheck": False}}
@@ -63,11 +63,6 @@ def cut(text: str, line: str, keep: str) -> str:
 GREET = block("greet_user")
 ADD = block("add_numbers")
 SQUARE = block("square_list")
-
-
-@pytest.fixture(scope="module")
-def model_dir(scripted_model_dir: Path) -> Path:
-    return Path(scripted_model_dir)
 
 
 # ----------------------------------------------------------------------------- helpers

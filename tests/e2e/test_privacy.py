@@ -39,17 +39,11 @@ def _guard(event, args):
             f.write(json.dumps([event, repr(args)[:200]]) + "\n")
         raise PermissionError(f"network access refused by the test guard: {event}")
 sys.addaudithook(_guard)
-from diffill.lsp_server.cli import main
+from diffill.cli import main
 sys.exit(main())
 """
 
 OPTIONS = {"diffill": {"steps": 2, "maxTokens": 8, "numCandidates": 2}}
-
-
-@pytest.fixture(scope="module")
-def model_dir(scripted_model_dir: Path) -> Path:
-    """The scripted checkpoint (tests/fixtures/scripted_model.py): its answers are certain."""
-    return Path(scripted_model_dir)
 
 
 def guarded(args: list[str], tmp: Path) -> tuple[RawClient, Path]:
@@ -117,7 +111,7 @@ def test_lsp_log_holds_no_buffer_text(model_dir: Path, tmp_path: Path, debug: bo
     secret = f"SECRET_{uuid.uuid4().hex}"
     log = tmp_path / "lsp.log"
     flags = ["--debug-log-buffers"] if debug else ["--log-level", "debug"]
-    c = RawClient([sys.executable, "-m", "diffill.lsp_server.cli", "serve", "--model",
+    c = RawClient([sys.executable, "-m", "diffill.cli", "serve", "--model",
                    str(model_dir), "--log-file", str(log), *flags], stderr_path=tmp_path / "err")
     try:
         # the secret sits right before the cursor: it is in the context and in every item
@@ -143,7 +137,7 @@ def test_serve_http_log_holds_no_prompt_text(model_dir: Path, tmp_path: Path, de
     log = tmp_path / "http.log"
     port = _free_port()
     flags = ["--debug-log-buffers"] if debug else ["--log-level", "debug"]
-    proc = subprocess.Popen([sys.executable, "-m", "diffill.lsp_server.cli", "serve-http",
+    proc = subprocess.Popen([sys.executable, "-m", "diffill.cli", "serve-http",
                              "--model", str(model_dir), "--port", str(port), "--steps", "2",
                              "--log-file", str(log), *flags],
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "err", "wb"),  # noqa: SIM115

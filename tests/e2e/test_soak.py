@@ -44,12 +44,6 @@ TEMPLATES = [
 CANCELLED = -32800
 
 
-@pytest.fixture(scope="module")
-def model_dir(scripted_model_dir: Path) -> Path:
-    """The scripted checkpoint (tests/fixtures/scripted_model.py): its answers are certain."""
-    return Path(scripted_model_dir)
-
-
 def digest(prefix: str, suffix: str) -> str:
     """The server's ``last_context.digest`` of a prefix/suffix window pair."""
     return hashlib.sha256((prefix + "\x00" + suffix).encode("utf-8", "surrogatepass")).hexdigest()[:16]

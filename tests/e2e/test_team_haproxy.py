@@ -66,7 +66,7 @@ def need(tool: str) -> str:
 
 @pytest.fixture(scope="module")
 def model_dir(scripted_model_dir: Path) -> Path:
-    """The scripted checkpoint (tests/fixtures/scripted_model.py): its answers are certain."""
+    """The scripted checkpoint (tests/support/scripted_model.py): its answers are certain."""
     return Path(scripted_model_dir)
 
 
@@ -113,7 +113,7 @@ class Replica:
         self.base = f"http://127.0.0.1:{self.port}"
         self.err = tmp / f"{name}.err"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "diffill.lsp_server.cli", "serve-http", "--model", str(model),
+            [sys.executable, "-m", "diffill.cli", "serve-http", "--model", str(model),
              "--port", str(self.port), "--steps", "4", "--workers", "2", "--max-queue", "4",
              "--request-timeout", "20", "--token-env", TOKEN_ENV],
             stdout=subprocess.DEVNULL, stderr=open(self.err, "wb"),  # noqa: SIM115

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from diffill.model.cache import infill_cached
-from diffill.model.config import ModelConfig
 from diffill.model.engine import Engine, EngineOptions
 from diffill.model.loader import LoadedModel
 from diffill.model.sampler import SamplerConfig, infill
-from diffill.model.transformer import Transformer
+from support import tiny_model
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -23,15 +22,11 @@ V = 4099
 
 
 def make_lm(dtype: torch.dtype, shift: bool = False) -> LoadedModel:
-    cfg = ModelConfig(family="diffill", vocab_size=V, hidden_size=256, intermediate_size=512,
-                      num_layers=4, num_heads=8, num_kv_heads=2, head_dim=32, qk_norm=True,
-                      tie_embeddings=True, mask_token_id=3, pad_token_id=2, eos_token_id=1,
-                      bos_token_id=0, shift_logits=shift, max_position_embeddings=2048)
-    model = Transformer(cfg)
-    model.init_weights(std=0.1, seed=0)
-    model = model.to("cuda", dtype).eval()
-    return LoadedModel(model=model, tokenizer=None, config=cfg, path=Path("."), provenance={},
-                       device=torch.device("cuda"), dtype=dtype)
+    model, cfg = tiny_model(0, std=0.1, vocab_size=V, hidden_size=256, intermediate_size=512,
+                            num_layers=4, num_heads=8, head_dim=32, shift_logits=shift,
+                            max_position_embeddings=2048)
+    return LoadedModel(model=model.to("cuda", dtype), tokenizer=None, config=cfg, path=Path("."),
+                       provenance={}, device=torch.device("cuda"), dtype=dtype)
 
 
 def prompts(n: int, seed: int = 0):

@@ -1,4 +1,4 @@
-"""The ``diffill`` command line (lsp_server/cli.py): the static command table matches
+"""The ``diffill`` command line (src_diffill/cli.py): the static command table matches
 the command modules, and only the chosen command's module is imported."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import subprocess
 import sys
 
 import pytest
-from diffill.lsp_server import cli
+from diffill import cli
 
 
 def _registered(module_name: str) -> tuple[str, tuple[str, ...], str]:
     """(name, aliases, help) that a command module's own add_parser registers."""
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
-    module = importlib.import_module(f"diffill.lsp_server.commands.{module_name}")
+    module = importlib.import_module(module_name)
     p = module.add_parser(sub)
     [action] = sub._choices_actions
     names = [k for k, v in sub.choices.items() if v is p]
@@ -31,19 +31,21 @@ def test_table_matches_the_modules_add_parser(cmd: cli.Command):
 def test_every_command_module_is_in_the_table():
     from pathlib import Path
 
-    import diffill.lsp_server.commands as pkg
-
-    modules = {p.stem for p in Path(pkg.__file__).parent.glob("*.py") if p.stem != "__init__"}
-    assert modules == {c.module for c in cli._available()}
+    modules = set()
+    for name in cli.COMMAND_PACKAGES:
+        pkg = importlib.import_module(name)
+        modules |= {f"{name}.{p.stem}" for p in Path(pkg.__file__).parent.glob("*.py")
+                    if p.stem != "__init__"}
+    assert modules == {c.module for c in cli._available()} == {c.module for c in cli.COMMANDS}
 
 
 def test_only_the_chosen_command_is_imported():
     code = (
         "import sys\n"
-        "from diffill.lsp_server.cli import build_parser\n"
+        "from diffill.cli import build_parser\n"
         "p = build_parser(['serve', '--tcp', '127.0.0.1:1'])\n"
         "a = p.parse_args(['serve', '--tcp', '127.0.0.1:1'])\n"
-        "mods = sorted(m for m in sys.modules if m.startswith('diffill.lsp_server.commands.'))\n"
+        "mods = sorted(m for m in sys.modules if '.commands.' in m)\n"
         "print(a._run.__module__, mods, 'torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -54,12 +56,12 @@ def test_only_the_chosen_command_is_imported():
 def test_help_lists_every_command_without_importing_them():
     code = (
         "import sys\n"
-        "from diffill.lsp_server.cli import main\n"
+        "from diffill.cli import main\n"
         "try:\n"
         "    main(['--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print('IMPORTED', [m for m in sys.modules if m.startswith('diffill.lsp_server.commands.')],"
+        "print('IMPORTED', [m for m in sys.modules if '.commands.' in m],"
         " 'torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

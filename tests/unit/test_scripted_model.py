@@ -1,4 +1,4 @@
-"""The scripted checkpoint (tests/fixtures/scripted_model.py) that the server, editor and
+"""The scripted checkpoint (tests/support/scripted_model.py) that the server, editor and
 HTTP tests run: its answers do not depend on how the sampler or the engine decodes, and
 its script is checked before it is built."""
 

@@ -2,7 +2,7 @@
 
 Each test drives one real editor (Neovim headless, Emacs batch, VS Code through code-server
 and headless Chromium) with this repository's client package, against the real ``diffill
-serve`` loading the scripted checkpoint (``scripted_model_dir``, tests/fixtures/scripted_model.py,
+serve`` loading the scripted checkpoint (``scripted_model_dir``, tests/support/scripted_model.py,
 local engine), and checks that the editor shows and inserts exactly the suggestion that
 checkpoint is scripted to make at the spot. The editors come from ``.ci/install_editors.sh``; heavy downloads live in
 ``$DIFFILL_CI_CACHE`` (default ``~/.cache/diffill-ci``), outside the repository.
@@ -100,7 +100,7 @@ def diffill_serve_cmd() -> list[str]:
     exe = Path(sys.executable).with_name("diffill")
     if exe.exists():
         return [str(exe), "serve"]
-    return [sys.executable, "-m", "diffill.lsp_server.cli", "serve"]
+    return [sys.executable, "-m", "diffill.cli", "serve"]
 
 
 @contextlib.contextmanager

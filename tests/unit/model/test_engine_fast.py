@@ -1,0 +1,307 @@
+"""Engine speed features against the plain per-request sampler: batching across
+requests, the dual KV cache, shape buckets, the fused select step, the step plan."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from diffill.model.cache import infill_cached
+from diffill.model.engine import Engine, EngineOptions
+from diffill.model.loader import LoadedModel
+from diffill.model.plan import BucketTiming, plan_from_timings
+from diffill.model.sampler import InfillCancelled, SamplerConfig, Strategy, infill
+from diffill.model.transformer import Transformer
+from support import tiny_lm
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+V = 53
+
+
+def make_lm(shift: bool = False, seed: int = 0) -> LoadedModel:
+    return tiny_lm(seed, vocab_size=V, shift_logits=shift, max_position_embeddings=512)
+
+
+def prompts(n: int, seed: int = 0) -> list[tuple[list[int], list[int], tuple[int, ...]]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        pre = torch.randint(4, V, (int(torch.randint(0, 30, (1,), generator=g)),), generator=g).tolist()
+        suf = torch.randint(4, V, (int(torch.randint(0, 12, (1,), generator=g)),), generator=g).tolist()
+        lens = [(8,), (4, 8, 16), (3, 7), (12,), (2, 5, 9)][i % 5]
+        out.append((pre, suf, lens))
+    return out
+
+
+def run_together(eng: Engine, reqs, **kw) -> list:
+    """Queue all requests while the device is held, then release it: one batch."""
+    out: list = [None] * len(reqs)
+
+    def work(i: int) -> None:
+        pre, suf, lens = reqs[i]
+        try:
+            out[i] = eng.infill(pre, suf, lengths=lens, **kw)
+        except InfillCancelled as e:
+            out[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(reqs))]
+    with eng._lock:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(eng._queue) < len(reqs) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(eng._queue) == len(reqs)
+    for t in threads:
+        t.join()
+    return out
+
+
+def _key(res):
+    return [(r.ids, r.length, r.steps) for r in res]
+
+
+def _assert_same(got, want, tol: float = 1e-5):
+    assert _key(got) == _key(want)
+    assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=tol)
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("sc", [
+    SamplerConfig(steps=4),
+    SamplerConfig(steps=6, threshold=0.4, strategy=Strategy.MARGIN),
+    SamplerConfig(steps=5, temperature=0.7, seed=3),
+    SamplerConfig(steps=5, block=2),
+    SamplerConfig(steps=4, threshold=0.5, block=3),
+])
+def test_batched_requests_equal_unbatched(shift, sc):
+    lm = make_lm(shift)
+    reqs = prompts(6)
+    eng = Engine(lm, sc)
+    got = run_together(eng, reqs)
+    st = eng.stats()
+    assert st["batches"] == 1 and st["max_batch_requests"] == 6
+    for (pre, suf, lens), res in zip(reqs, got, strict=True):
+        want = infill(lm.model, lm.config, pre, suf, SamplerConfig(**{**sc.__dict__, "lengths": lens}))
+        _assert_same(res, want)
+
+
+def test_requests_with_different_steps_are_not_mixed_but_all_answered():
+    lm = make_lm()
+    reqs = prompts(4, seed=1)
+    eng = Engine(lm, SamplerConfig(steps=3), options=EngineOptions(max_batch_rows=5))
+    out: list = [None] * 4
+
+    def work(i: int) -> None:
+        pre, suf, lens = reqs[i]
+        out[i] = eng.infill(pre, suf, lengths=lens, steps=2 + i % 2)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    with eng._lock:
+        for t in threads:
+            t.start()
+        while len(eng._queue) < 4:
+            time.sleep(0.005)
+    for t in threads:
+        t.join()
+    for i, (pre, suf, lens) in enumerate(reqs):
+        _assert_same(out[i], infill(lm.model, lm.config, pre, suf,
+                                    SamplerConfig(steps=2 + i % 2, lengths=lens)))
+    assert eng.stats()["batches"] >= 2
+
+
+def test_cancelled_request_leaves_the_batch_and_the_others_finish():
+    lm = make_lm()
+    reqs = prompts(4, seed=2)
+    eng = Engine(lm, SamplerConfig(steps=5))
+    calls = {"n": 0}
+
+    def cancel_third() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3  # cancelled in the middle of the loop
+
+    out: list = [None] * 4
+
+    def work(i: int) -> None:
+        pre, suf, lens = reqs[i]
+        try:
+            out[i] = eng.infill(pre, suf, lengths=lens, cancel=cancel_third if i == 2 else None)
+        except InfillCancelled as e:
+            out[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    with eng._lock:
+        for t in threads:
+            t.start()
+        while len(eng._queue) < 4:
+            time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert isinstance(out[2], InfillCancelled)
+    for i in (0, 1, 3):
+        pre, suf, lens = reqs[i]
+        _assert_same(out[i], infill(lm.model, lm.config, pre, suf, SamplerConfig(steps=5, lengths=lens)))
+    st = eng.stats()
+    assert st["cancelled"] == 1 and st["completed"] == 3 and st["batches"] == 1
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_buckets_and_fused_select_give_the_same_results(shift):
+    lm = make_lm(shift, seed=4)
+    reqs = prompts(5, seed=3)
+    plain = Engine(lm, SamplerConfig(steps=4, threshold=0.5), options=EngineOptions(batch=False))
+    fast = Engine(lm, SamplerConfig(steps=4, threshold=0.5),
+                  options=EngineOptions(buckets=True, select_impl="torch"))
+    got = run_together(fast, reqs)
+    for (pre, suf, lens), res in zip(reqs, got, strict=True):
+        _assert_same(res, plain.infill(pre, suf, lengths=lens))
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_engine_dual_cache(shift):
+    lm = make_lm(shift, seed=5)
+    reqs = prompts(4, seed=4)
+    # refresh every step: exactly the uncached sampler
+    eng1 = Engine(lm, SamplerConfig(steps=6), options=EngineOptions(refresh_every=1))
+    for pre, suf, lens in reqs:
+        assert eng1.infill(pre, suf, lengths=lens) == infill(
+            lm.model, lm.config, pre, suf, SamplerConfig(steps=6, lengths=lens))
+    # refresh every 3 steps, batched: each request as the single-request cached sampler
+    eng3 = Engine(lm, SamplerConfig(steps=6), options=EngineOptions(refresh_every=3))
+    got = run_together(eng3, reqs)
+    for (pre, suf, lens), res in zip(reqs, got, strict=True):
+        _assert_same(res, infill_cached(lm.model, lm.config, pre, suf,
+                                        SamplerConfig(steps=6, lengths=lens), refresh_every=3))
+
+
+def test_plan_chooses_steps_when_the_request_names_none():
+    lm = make_lm()
+    timings = [BucketTiming(ctx=256, hole=16, rows=3, full_ms=5.0, block_ms=5.0, overhead_ms=0.0),
+               BucketTiming(ctx=512, hole=16, rows=3, full_ms=10.0, block_ms=10.0, overhead_ms=0.0)]
+    plan = plan_from_timings(timings, 25.0)
+    eng = Engine(lm, SamplerConfig(steps=8), plan=plan)
+    small = eng.make_request(list(range(4, 40)), [5], lengths=(16,))
+    big = eng.make_request(list(range(4, 44)) * 8, [5], lengths=(16,))
+    assert (small.sampler.steps, small.sampler.threshold) == (5, 0.9)
+    assert (big.sampler.steps, big.sampler.threshold) == (2, 0.9)
+    assert eng.make_request([4], [5], lengths=(16,), steps=7).sampler.steps == 7
+    res = eng.infill(list(range(4, 40)), [5], lengths=(16,))
+    assert res and res[0].steps <= 5
+
+
+def test_bad_options():
+    with pytest.raises(ValueError):
+        EngineOptions(refresh_every=0)
+    with pytest.raises(ValueError):
+        EngineOptions(select_impl="cuda")
+    with pytest.raises(ValueError):
+        EngineOptions(max_batch_rows=0)
+
+
+@pytest.mark.parametrize("refresh", [1, 2])
+@pytest.mark.parametrize("shift", [False, True])
+def test_static_buffer_graph_loop_equals_eager(refresh, shift):
+    """The CUDA-graph loop (static buffers, state written back, steps_left decremented,
+    refresh/cached graphs, frozen cancelled rows) run without capture on CPU."""
+    lm = make_lm(shift, seed=6)
+    reqs = prompts(5, seed=6)
+    for sc in (SamplerConfig(steps=5), SamplerConfig(steps=6, threshold=0.4),
+               SamplerConfig(steps=5, block=2)):
+        eager = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, buckets=True))
+        graphs = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, cuda_graphs=True))
+        want = run_together(eager, reqs)
+        got = run_together(graphs, reqs)
+        for a, b in zip(got, want, strict=True):
+            _assert_same(a, b)
+        # later rounds reuse the same static buffers (one bucket), other prompts included
+        again = run_together(graphs, reqs)
+        for a, b in zip(again, want, strict=True):
+            _assert_same(a, b)
+        other = [(pre + [7, 8, 9], suf, lens) for pre, suf, lens in prompts(5, seed=9)]
+        for a, b in zip(run_together(graphs, other), run_together(eager, other), strict=True):
+            _assert_same(a, b)
+        assert graphs.stats()["cuda_graphs"] == 1
+
+
+def test_static_buffer_loop_freezes_cancelled_rows():
+    lm = make_lm(seed=7)
+    reqs = prompts(3, seed=7)
+    sc = SamplerConfig(steps=5)
+    eng = Engine(lm, sc, options=EngineOptions(cuda_graphs=True, refresh_every=2))
+    calls = {"n": 0}
+
+    def cancel() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    out: list = [None] * 3
+
+    def work(i: int) -> None:
+        pre, suf, lens = reqs[i]
+        try:
+            out[i] = eng.infill(pre, suf, lengths=lens, cancel=cancel if i == 1 else None)
+        except InfillCancelled as e:
+            out[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    with eng._lock:
+        for t in threads:
+            t.start()
+        while len(eng._queue) < 3:
+            time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert isinstance(out[1], InfillCancelled)
+    for i in (0, 2):
+        pre, suf, lens = reqs[i]
+        _assert_same(out[i], infill_cached(lm.model, lm.config, pre, suf,
+                                           SamplerConfig(steps=5, lengths=lens), refresh_every=2))
+
+
+class _MaskSpy(torch.nn.Module):
+    def __init__(self, inner: Transformer) -> None:
+        super().__init__()
+        self.inner = inner
+        self.masks: list = []
+
+    def forward_hidden(self, ids, attention_mask=None, *a, **kw):
+        self.masks.append(attention_mask)
+        return self.inner.forward_hidden(ids, attention_mask, *a, **kw)
+
+    def head(self, h):
+        return self.inner.head(h)
+
+
+@pytest.mark.parametrize("refresh", [1, 3])
+def test_unpadded_batches_run_without_an_attention_mask(refresh):
+    lm = make_lm(seed=8)
+    spy = _MaskSpy(lm.model)
+    lm_spy = LoadedModel(model=spy, tokenizer=None, config=lm.config, path=Path("."),
+                         provenance={}, device=lm.device, dtype=lm.dtype)
+    eng = Engine(lm_spy, SamplerConfig(steps=4), options=EngineOptions(refresh_every=refresh))
+    pre, suf = [5, 6, 7, 8, 9], [10, 11]
+    one = eng.infill(pre, suf, lengths=(6,))  # one row, no padding
+    assert spy.masks and all(m is None for m in spy.masks)
+    want = infill_cached(lm.model, lm.config, pre, suf, SamplerConfig(steps=4, lengths=(6,)),
+                         refresh_every=refresh)
+    _assert_same(one, want)
+    spy.masks.clear()
+    eng.infill(pre, suf, lengths=(3, 6))  # rows of different lengths: padding, masks needed
+    assert spy.masks and all(m is not None for m in spy.masks)
+
+
+def test_default_sampler_takes_the_checkpoints_decode_block():
+    lm = make_lm()
+    assert Engine(lm).sampler.block is None
+    lm.config = lm.config.replace(decode_block=2)
+    eng = Engine(lm)
+    assert eng.sampler.block == 2
+    pre, suf, lens = prompts(1, seed=2)[0]
+    assert eng.infill(pre, suf, lengths=lens) == infill(
+        lm.model, lm.config, pre, suf, SamplerConfig(block=2, lengths=lens))
+    assert Engine(lm, SamplerConfig(steps=3)).sampler.block is None  # an explicit sampler wins

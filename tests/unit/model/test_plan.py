@@ -1,0 +1,175 @@
+"""Step budget: the chooser on synthetic timings, the JSON plan, measuring, the budget owner."""
+
+from __future__ import annotations
+
+import pytest
+from diffill.model.plan import (
+    BucketTiming,
+    StepBudget,
+    StepPlan,
+    bucket,
+    choose,
+    default_budget_ms,
+    describe_plan,
+    fit_timings,
+    measure_plan,
+    plan_from_timings,
+    predict_ms,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import tiny_model
+
+
+def test_bucket():
+    assert bucket(1, (8, 16)) == 8
+    assert bucket(8, (8, 16)) == 8
+    assert bucket(9, (8, 16)) == 16
+    assert bucket(17, (8, 16)) == 32
+    assert bucket(33, (8, 16)) == 48
+
+
+def test_predict_counts_refreshes():
+    t = BucketTiming(ctx=1024, hole=32, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
+    assert predict_ms(t, 8) == 1 + 8 * 2.0
+    assert predict_ms(t, 8, refresh_every=4) == 1 + 2 * 2.0 + 6 * 0.5
+    assert predict_ms(t, 9, refresh_every=4) == 1 + 3 * 2.0 + 6 * 0.5
+
+
+def test_choose_on_synthetic_timings():
+    t = BucketTiming(ctx=1024, hole=16, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
+    c = choose(t, 25.0)
+    assert (c.steps, c.threshold, c.over_budget) == (12, 0.9, False)  # 1 + 12*2 = 25
+    assert c.predicted_ms == 25.0
+    # with the cache every step but one in four is cheap: all 16 fit, one token per step
+    c = choose(t, 25.0, refresh_every=4)
+    assert (c.steps, c.threshold) == (16, None)
+    # a short hole caps the steps; max_steps caps them too
+    short = BucketTiming(ctx=256, hole=8, rows=3, full_ms=0.1, block_ms=0.1)
+    assert choose(short, 25.0).steps == 8
+    assert choose(short, 25.0, max_steps=4).steps == 4
+    # nothing fits: min_steps, flagged
+    slow = BucketTiming(ctx=2048, hole=64, rows=3, full_ms=30.0, block_ms=30.0)
+    c = choose(slow, 25.0, min_steps=2)
+    assert (c.steps, c.over_budget) == (2, True) and c.predicted_ms == 60.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(full=st.floats(0.01, 40), block_frac=st.floats(0.05, 1.0), over=st.floats(0, 10),
+       hole=st.sampled_from([8, 16, 32, 64]), budget=st.floats(1, 60), r=st.integers(1, 8))
+def test_choice_is_the_largest_fitting_step_count(full, block_frac, over, hole, budget, r):
+    t = BucketTiming(ctx=512, hole=hole, rows=3, full_ms=full, block_ms=full * block_frac,
+                     overhead_ms=over)
+    c = choose(t, budget, refresh_every=r, max_steps=16)
+    hi = min(16, hole)
+    assert 1 <= c.steps <= hi
+    fits = [s for s in range(1, hi + 1) if predict_ms(t, s, r) <= budget]
+    if fits:
+        assert c.steps == max(fits) and not c.over_budget
+    else:
+        assert c.steps == 1 and c.over_budget
+    assert (c.threshold is None) == (c.steps >= hole)
+    # a slower step never gets more steps
+    slower = BucketTiming(ctx=512, hole=hole, rows=3, full_ms=full * 1.5, block_ms=full * block_frac * 1.5,
+                          overhead_ms=over)
+    assert choose(slower, budget, refresh_every=r, max_steps=16).steps <= c.steps
+
+
+def test_plan_json_round_trip_lookup_and_description():
+    timings = [BucketTiming(ctx=c, hole=h, rows=3, full_ms=c / 256 * h / 16, block_ms=0.3)
+               for c in (256, 512, 1024) for h in (8, 16, 32)]
+    plan = plan_from_timings(timings, 25.0, refresh_every=2, device="cpu", model="tiny")
+    again = StepPlan.from_json(plan.to_json())
+    assert again == plan
+    assert plan.choice(300, 10).ctx == 512 and plan.choice(300, 10).hole == 16
+    assert plan.choice(5000, 10).ctx == 1024  # beyond the measured buckets: the largest
+    steps, thr = plan.steps_for(100, 8)
+    assert steps == 8 and thr is None
+    text = describe_plan(plan)
+    assert "budget 25 ms" in text and "refresh every 2" in text
+    assert len(text.splitlines()) == 2 + len(timings)
+
+
+def _tiny():
+    return tiny_model(0, vocab_size=50, max_position_embeddings=300)
+
+
+def test_measure_plan_on_a_tiny_model():
+    model, cfg = _tiny()
+    plan = measure_plan(model, cfg, budget_ms=1e9, ctx_buckets=(32, 64, 512), hole_buckets=(8,),
+                        rows=2, refresh_every=2, repeats=1, max_steps=4)
+    assert [(t.ctx, t.hole) for t in plan.timings] == [(32, 8), (64, 8)]  # 512 exceeds 300 positions
+    assert all(t.full_ms > 0 and t.block_ms > 0 and t.rows == 2 for t in plan.timings)
+    assert all(c.steps == 4 for c in plan.choices)
+    # a model below the smallest context bucket: its own longest context stands in for it
+    small, scfg = tiny_model(0, vocab_size=50, max_position_embeddings=40)
+    plan = measure_plan(small, scfg, budget_ms=1e9, hole_buckets=(8, 16, 64), rows=2, repeats=1)
+    assert [(t.ctx, t.hole) for t in plan.timings] == [(256, 8), (256, 16)]
+    assert plan.steps_for(20, 8) == (8, None)
+
+
+# -- the one owner of budget -> steps ----------------------------------------------------------
+
+
+def test_default_budget_by_device():
+    assert default_budget_ms("cuda") == 25.0 and default_budget_ms("cpu") == 200.0
+    assert default_budget_ms("mps") == 25.0  # other accelerators: the GPU target
+
+
+def test_step_budget_resolves_the_budget_and_re_derives_the_frozen_plan():
+    timings = [BucketTiming(ctx=256, hole=h, rows=3, full_ms=2.0, block_ms=2.0) for h in (8, 16, 32, 64)]
+    plan = plan_from_timings(timings, 25.0, max_steps=16)
+    assert StepBudget("cpu").budget_ms() == 200.0  # nothing configured: the device's
+    assert StepBudget("cuda").budget_ms() == 25.0
+    assert StepBudget("cpu", 50.0).budget_ms() == 50.0 and StepBudget("cpu", 50.0).budget_ms(12.0) == 12.0
+    assert StepBudget("cpu", plan=plan).budget_ms() == 25.0  # a given plan: its budget
+    assert StepBudget("cpu").steps_for(100, 16) is None  # nothing measured: no planned steps
+    sb = StepBudget("cpu", plan=plan)
+    assert sb.steps_for(100, 16) == (12, 0.9)  # 12 x 2 ms fit 25 ms
+    assert sb.steps_for(100, 16, 10.0) == (5, 0.9)  # another budget: the same timings
+    derived = sb.plan_for(10.0)
+    assert derived.budget_ms == 10.0 and derived.timings == plan.timings
+    assert all(c.predicted_ms <= 10.0 or c.over_budget for c in derived.choices)
+    assert sb.plan_for(10.0) is derived and sb.plan is plan  # cached; the plan stays frozen
+    assert sb.steps_for(100, 8, 1e6) == (8, None)  # never more steps than slots
+    sb.plan = plan_from_timings(timings, 25.0, max_steps=4)  # a new measurement replaces it
+    assert sb.steps_for(100, 16, 10.0) == (4, 0.9)
+    summary = sb.summary()
+    assert summary["latency_budget_ms"] == 25.0 and summary["step_plan"]["steps"]["256x16"] == 4
+    with pytest.raises(ValueError):
+        StepBudget("cpu", 0.0)
+
+
+def test_fit_timings_predicts_unmeasured_buckets_linearly_in_tokens():
+    rows = 3
+    measured = [BucketTiming(ctx=256, hole=8, rows=rows, full_ms=1.0 + 0.01 * rows * 264,
+                             block_ms=0.5, overhead_ms=2.0),
+                BucketTiming(ctx=1024, hole=64, rows=rows, full_ms=1.0 + 0.01 * rows * 1088,
+                             block_ms=0.5, overhead_ms=2.0)]
+    buckets = [(c, h) for c in (256, 512, 1024) for h in (8, 16, 64)]
+    got = {(t.ctx, t.hole): t for t in fit_timings(measured, buckets)}
+    assert sorted(got) == sorted(buckets)
+    assert got[(256, 8)] is measured[0] and got[(1024, 64)] is measured[1]
+    t = got[(512, 16)]
+    assert t.source == "fitted" and t.rows == rows and t.overhead_ms == 2.0 and t.block_ms == 0.5
+    assert t.full_ms == pytest.approx(1.0 + 0.01 * rows * 528, abs=1e-3)
+    # noise that makes the bigger shape look cheaper: no negative slope, a constant
+    flat = fit_timings([measured[0], BucketTiming(ctx=1024, hole=64, rows=rows, full_ms=0.5,
+                                                  block_ms=0.5)], buckets)
+    mean = (measured[0].full_ms + 0.5) / 2
+    assert all(x.full_ms == pytest.approx(mean, abs=1e-3) for x in flat if x.source == "fitted")
+    one = fit_timings(measured[:1], buckets)  # one measurement: the same cost everywhere
+    assert {x.full_ms for x in one} == {measured[0].full_ms}
+    with pytest.raises(ValueError):
+        fit_timings([], buckets)
+
+
+def test_measure_plan_with_a_fit_times_two_buckets():
+    model, cfg = _tiny()
+    plan = measure_plan(model, cfg, budget_ms=1e9, fit=True, ctx_buckets=(32, 64, 128),
+                        hole_buckets=(8, 16), rows=2, repeats=1, max_steps=4)
+    src = {(t.ctx, t.hole): t.source for t in plan.timings}
+    assert src == {(32, 8): "measured", (32, 16): "fitted", (64, 8): "fitted", (64, 16): "fitted",
+                   (128, 8): "fitted", (128, 16): "measured"}
+    assert all(t.full_ms > 0 for t in plan.timings)
+    assert all(c.steps == 4 for c in plan.choices)
