@@ -9,15 +9,9 @@ import torch
 from diffill.model import load_model
 from diffill.model.engine import Engine, EngineOptions
 from diffill.model.sampler import SamplerConfig, Strategy, infill
-from scripted_model import RULES, Rule, ScriptError, compile_rules, load_shipped_tokenizer
+from support.scripted_model import RULES, Rule, ScriptError, compile_rules, load_shipped_tokenizer
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
