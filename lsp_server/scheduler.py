@@ -101,6 +101,7 @@ class _Entry:
     line_prefix: str
     line_suffix: str
     suggestions: list[Suggestion]
+    asked: int = 1  # candidates the model run was asked for (it may have found fewer)
 
 
 class TypeaheadCache:
@@ -126,12 +127,19 @@ class TypeaheadCache:
         return self._gen.get(uri, 0)
 
     def store(self, uri: str, row: int, line_prefix: str, line_suffix: str,
-              suggestions: list[Suggestion], generation: int | None = None) -> None:
+              suggestions: list[Suggestion], generation: int | None = None, asked: int = 1) -> None:
+        """Remember ``suggestions``, the answer of a model run asked for ``asked`` candidates."""
         if suggestions:
             with self._lock:
                 if generation is not None and generation != self._gen.get(uri, 0):
                     return
-                self._entries[uri] = _Entry(uri, row, line_prefix, line_suffix, list(suggestions))
+                self._entries[uri] = _Entry(uri, row, line_prefix, line_suffix, list(suggestions),
+                                            asked)
+
+    def asked(self, uri: str) -> int:
+        """How many candidates the run behind ``uri``'s entry was asked for (0: no entry)."""
+        e = self._entries.get(uri)
+        return e.asked if e is not None else 0
 
     def forget(self, uri: str) -> None:
         with self._lock:

@@ -338,9 +338,12 @@ class DiffillServer(LanguageServer):
     # ----------------------------------------------------------------- suggestions
     def cached(self, prep: Prepared, n: int) -> list[Suggestion] | None:
         """Typed-ahead answer: the rest of the last suggestions, if the user typed their
-        start (or asks again at the same spot and enough of them are there)."""
+        start, or asks again at the same spot for no more candidates than the last run was
+        asked for (a run asked for 3 that found 1 would find the same 1 again: running it
+        twice doubles the work and, with the step count chosen from measured timings, can
+        answer the same question differently)."""
         hit = self.cache.lookup(prep.uri, prep.row, prep.line_prefix, prep.line_suffix)
-        if hit is not None and (hit[0] or len(hit[1]) >= n):
+        if hit is not None and (hit[0] or len(hit[1]) >= n or self.cache.asked(prep.uri) >= n):
             return hit[1][:n]
         return None
 
@@ -372,7 +375,7 @@ class DiffillServer(LanguageServer):
             res = completer.run(prep.text, prep.offset, n=n, cancel=cancel,
                                 language=prep.language, path=prep.path, snippets=snippets)
             cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions,
-                        generation=gen)
+                        generation=gen, asked=n)
             return res.suggestions, res, (time.perf_counter() - t) * 1000.0
 
         try:

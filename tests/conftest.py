@@ -5,28 +5,39 @@ The tests mirror the code: ``tests/unit/<folder>/test_<module>.py`` for ``<folde
 (``tests/unit/test_cli.py`` and ``test_layout.py`` for the root package and the floor plan),
 ``tests/e2e/`` (real servers, real editors) and ``tests/gpu/`` (skipped without CUDA).
 
-``model_dir`` = ``micro_model_dir`` (session scope): a real diffill checkpoint folder
+``model_dir`` = ``scripted_model_dir`` (session scope): a real diffill checkpoint folder
+(config.json, model.safetensors, the shipped tokenizer.json) whose weights are written by
+``tests/support/scripted_model.py`` so that it answers the prompts of its ``RULES`` with
+fixed middles and leaves every other hole empty, with margins no CPU's floating point can
+overturn. Every test that loads a real model (server, editors, HTTP, CLI, soak, ...) runs
+it and states the completion it expects. Built in seconds; treat the folder as read-only.
+
+``micro_model_dir`` (session scope): a real diffill checkpoint folder
 (config.json, model.safetensors, tokenizer.json) of a micro model trained on the
 committed micro corpus (``tests/fixtures/micro_corpus.py``) with its own tiny
-BPE. It memorises that corpus well enough to fill its lines back in exactly
-(see ``tests/unit/training/test_train_learning.py``). Treat the folder as read-only.
+BPE. It memorises that corpus well enough to fill most of its lines back in exactly;
+``tests/unit/training/test_train_learning.py`` checks that, with a tolerance for what
+differs between machines. Nothing else may assert on what it writes. Treat the folder as
+read-only.
 
-Building it takes minutes (5.5 on a shared 2-core box, 9 on another), so it is cached
+Training it takes minutes (5.5 on a shared 2-core box, 9 on another), so it is cached
 across sessions under ``$DIFFILL_TEST_CACHE`` (default
 ``<system tmp>/diffill-test-cache``) in a folder named after a hash of
-everything that determines it (corpus, training/data/model code, torch
-version). ``DIFFILL_TEST_CACHE=off`` disables that cache (the model is then
+everything that determines it (corpus, training/data/model code, torch and numpy
+versions, the ATen CPU kernel level and the CPU model, the thread count).
+``DIFFILL_TEST_CACHE=off`` disables that cache (the model is then
 built once per session under pytest's tmp dir). Concurrent sessions are safe:
 each builds in its own temporary folder and renames it into place atomically.
 
-Outside pytest (editor end-to-end scripts, CI) the same model comes from
-``python -m diffill.training.train --micro OUT`` (checkpoint in ``OUT/model``).
+Outside pytest the same models come from ``python tests/support/scripted_model.py OUT``
+and ``python -m diffill.training.train --micro OUT`` (checkpoint in ``OUT/model``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,25 +48,44 @@ import tokenizers
 import torch
 from diffill.training.train import train_micro_model
 from support import FIXTURES, ROOT, write_diffill_checkpoint
+from support.scripted_model import build_scripted_model
 
 MICRO_CORPUS = FIXTURES / "micro_corpus.py"
 _KEY_FILES = ("training/train.py", "training/data.py", "model/transformer.py", "model/config.py",
               "model/attention.py")
+MICRO_THREADS = 1  # training threads: part of what determines the micro model
 
 
 def micro_corpus_text() -> str:
     return MICRO_CORPUS.read_text()
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _micro_key() -> str:
+    """Hash of what decides the trained weights: training floating point differs between
+    ATen kernel levels (AVX-512 / AVX2 / default), CPU models and thread counts."""
+    import numpy
+
     h = hashlib.sha256()
     h.update(micro_corpus_text().encode())
     for rel in _KEY_FILES:
         p = ROOT / rel
         h.update(rel.encode())
         h.update(p.read_bytes() if p.is_file() else b"")
-    h.update(torch.__version__.encode())
-    h.update(tokenizers.__version__.encode())
+    for part in (torch.__version__, tokenizers.__version__, numpy.__version__,
+                 torch.backends.cpu.get_cpu_capability(), cpu_model(), platform.machine(),
+                 f"threads={MICRO_THREADS}"):
+        h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -68,7 +98,7 @@ def build_micro_model(cache_root: Path) -> Path:
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="building-", dir=cache_root))
     try:
-        train_micro_model(tmp, micro_corpus_text(), threads=1)
+        train_micro_model(tmp, micro_corpus_text(), threads=MICRO_THREADS)
         try:
             tmp.rename(final)
         except OSError:  # another session finished first: use theirs
@@ -98,9 +128,16 @@ def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def model_dir(micro_model_dir: Path) -> Path:
-    """The checkpoint folder tests that load a real model use (the micro model)."""
-    return Path(micro_model_dir)
+def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The scripted checkpoint folder (read-only; answers: ``scripted_model.RULES``)."""
+    return build_scripted_model(tmp_path_factory.mktemp("scripted-model"))
+
+
+@pytest.fixture(scope="session")
+def model_dir(scripted_model_dir: Path) -> Path:
+    """The checkpoint folder tests that load a real model use: the scripted one, whose
+    answers are certain on any CPU (module doc)."""
+    return Path(scripted_model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,14 @@
 """Emacs 28 + eglot 1.9 (batch) with editors/emacs/diffill.el against the real ``diffill serve``
-+ micro model.
++ the scripted checkpoint (local engine).
 
 One run of ``tests/e2e/editors/emacs_e2e.el``:
-1. ``completion-at-point`` (eglot's capf) inserts the server's completion item;
-2. ``diffill-inline-mode`` shows the server's inline completion as an overlay after typing,
-   and TAB (through the mode's key map) inserts it.
-The buffer must then hold exactly what the server suggests for that position, which the
-script also asks for with a plain request of its own.
+1. ``completion-at-point`` (eglot's capf) inserts the server's completion item: at
+   ``    total = `` the line becomes ``    total = a + b``;
+2. ``diffill-inline-mode`` shows the server's inline completion as an overlay after typing
+   ``v`` at ``    result = [`` (`` * v for v in values]``), and TAB (through the mode's key
+   map) inserts it.
+The buffer must then hold exactly that, which is also what the server answers a plain
+request of the script's own at the same spot.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _has_eglot() -> bool:
 
 pytestmark = pytest.mark.e2e
 
-def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_path: Path) -> None:
+def test_emacs_completion_at_point_and_inline_mode(scripted_model_dir: Path, tmp_path: Path) -> None:
     h.need(EMACS is not None, f"Emacs not installed ({h.INSTALL_HINT})")
     h.need(_has_eglot(), f"eglot not installed ({h.INSTALL_HINT})")
     assert EMACS is not None
@@ -46,18 +48,18 @@ def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_pa
     doc = work / "demo.py"
     text = h.SAMPLE
     doc.write_text(text)
-    completion_spots = [h.position_of(text, n) for n in h.COMPLETION_SPOTS]
-    ghost_spots = [(*h.position_of(text, n), typed) for n, typed in h.GHOST_SPOTS]
+    c_row, c_col = h.position_of(text, h.COMPLETION_SPOT)
+    g_row, g_col = h.position_of(text, h.GHOST_SPOT)
     result = tmp_path / "result.json"
     cfg = {
         "plugin_dir": str(h.EDITORS / "emacs"),
         "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
         # One candidate: completion-at-point then inserts it (several would open *Completions*).
-        "settings": {"modelPath": h.model_path(micro_model_dir), "device": "cpu", "numCandidates": 1},
+        "settings": {"modelPath": h.model_path(scripted_model_dir), "device": "cpu", "numCandidates": 1},
         "file": str(doc),
         "result": str(result),
-        "completion": [{"row": r, "col": c} for r, c in completion_spots],
-        "ghost": [{"row": r, "col": c, "type": t} for r, c, t in ghost_spots],
+        "completion": {"row": c_row, "col": c_col},
+        "ghost": {"row": g_row, "col": g_col, "type": h.GHOST_TYPED},
     }
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     with h.isolated_env(tmp_path, DIFFILL_E2E_CONFIG=str(tmp_path / "cfg.json")) as env:
@@ -75,22 +77,22 @@ def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_pa
 
     # 1) completion-at-point inserted the server's item (its textEdit) at point.
     comp = r["completion"]
-    c_row, _ = completion_spots[comp["spot"] - 1]
     raw = h.first_items(comp["raw"])
     assert len(raw) == 1, raw
     new_text = raw[0]["textEdit"]["newText"]
-    assert new_text
+    h.expect(new_text, h.COMPLETION)
     assert comp["line_before"] == text.split("\n")[c_row]
     assert new_text in comp["candidates"] or raw[0]["label"] in comp["candidates"]
     assert comp["buffer_after"] == h.apply_edit(text, raw[0]["textEdit"]["range"], new_text)
+    h.expect(comp["buffer_after"].split("\n")[c_row], h.COMPLETION_LINE)
 
     # 2) diffill-inline-mode: overlay with the server's inline item; TAB inserted exactly it.
     g = r["ghost"]
-    _, g_col, g_typed = ghost_spots[g["spot"] - 1]
+    g_typed = h.GHOST_TYPED
     items = h.first_items(g["raw"])
     assert items, "no inline items"
     item = items[0]
-    assert item["insertText"]
+    h.expect(item["insertText"], h.GHOST)
     assert g["line_typed"] == g["line_before"][:g_col] + g_typed + g["line_before"][g_col:]
     assert g["overlay_at"] == g["point_before_accept"]
     assert g["suggestion"] == item["insertText"]
@@ -100,5 +102,6 @@ def test_emacs_completion_at_point_and_inline_mode(micro_model_dir: Path, tmp_pa
     assert g["buffer_after_accept"] == after
     assert g["point_after_accept"] == g["point_before_accept"] + len(item["insertText"])
     assert g["overlay_after_accept"] is False
+    h.expect(after.split("\n")[g_row], h.GHOST_LINE)
     assert r["status"]["loaded"] is True
     assert r["toggled_off"] is True  # diffill-toggle -> didChangeConfiguration -> enabled false

@@ -1,10 +1,13 @@
-"""Neovim (0.11+, headless) with editors/nvim against the real ``diffill serve`` + micro model.
+"""Neovim (0.11+, headless) with editors/nvim against the real ``diffill serve`` + the
+scripted checkpoint (local engine).
 
 One run of ``tests/e2e/editors/nvim_e2e.lua`` through the plugin's ``setup{}``:
-1. a completion item from ``vim.lsp.completion`` accepted with <C-y>;
-2. ghost text (an extmark) after typing, accepted with the plugin's accept key (<Tab>).
-The buffer must then hold exactly what the server suggests for that position, which the
-script also asks for with a plain request of its own.
+1. a completion item from ``vim.lsp.completion`` accepted with <C-y>: at ``    total = `` the
+   menu holds exactly ``a + b`` and the line becomes ``    total = a + b``;
+2. ghost text (an extmark) after typing ``v`` at ``    result = [``: it shows exactly
+   `` * v for v in values]`` and the plugin's accept key (<Tab>) makes the line
+   ``    result = [v * v for v in values]``.
+The script also asks the server itself at both spots: the editor must show what it answers.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def _nvim_version() -> tuple[int, ...]:
 pytestmark = pytest.mark.e2e
 
 
-def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path) -> None:
+def test_neovim_completion_and_ghost_text(scripted_model_dir: Path, tmp_path: Path) -> None:
     h.need(NVIM is not None, f"Neovim not installed ({h.INSTALL_HINT})")
     h.need(_nvim_version() >= (0, 11), f"needs Neovim >= 0.11, found {NVIM} ({h.INSTALL_HINT})")
     assert NVIM is not None
@@ -41,17 +44,17 @@ def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path)
     doc = work / "demo.py"
     text = h.SAMPLE
     doc.write_text(text)
-    completion_spots = [h.position_of(text, n) for n in h.COMPLETION_SPOTS]
-    ghost_spots = [(*h.position_of(text, n), typed) for n, typed in h.GHOST_SPOTS]
+    c_row, c_col = h.position_of(text, h.COMPLETION_SPOT)
+    g_row, g_col = h.position_of(text, h.GHOST_SPOT)
     result = tmp_path / "result.json"
     cfg = {
         "plugin_dir": str(h.EDITORS / "nvim"),
         "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
-        "settings": {"modelPath": h.model_path(micro_model_dir), "device": "cpu"},
+        "settings": {"modelPath": h.model_path(scripted_model_dir), "device": "cpu"},
         "file": str(doc),
         "result": str(result),
-        "completion": [{"row": r, "col": c} for r, c in completion_spots],
-        "ghost": [{"row": r, "col": c, "type": t} for r, c, t in ghost_spots],
+        "completion": {"row": c_row, "col": c_col},
+        "ghost": {"row": g_row, "col": g_col, "type": h.GHOST_TYPED},
         "timeout_ms": 200_000,
     }
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
@@ -67,24 +70,25 @@ def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path)
 
     # 1) completion: the menu holds the server's items; <C-y> put the first one's textEdit in.
     comp = r["completion"]
-    c_row, _ = completion_spots[comp["spot"] - 1]
     raw = h.first_items(comp["raw"])
     assert raw, "no completion items"
     first = raw[0]
-    assert first["textEdit"]["newText"], first
+    h.expect(first["textEdit"]["newText"], h.COMPLETION)
     assert [m["newText"] for m in comp["menu"]] == [i["textEdit"]["newText"] for i in raw]
     lines_before = text.split("\n")
     assert comp["line_before"] == lines_before[c_row]
     expected = h.apply_edit(text, first["textEdit"]["range"], first["textEdit"]["newText"])
     assert "\n".join(comp["buffer_after"]) == expected.rstrip("\n")
+    h.expect(comp["buffer_after"][c_row], h.COMPLETION_LINE)
 
     # 2) ghost text: the extmark shows the server's inline item; <Tab> inserts exactly it.
     g = r["ghost"]
-    _, g_col, g_typed = ghost_spots[g["spot"] - 1]
+    g_typed = h.GHOST_TYPED
     items = h.first_items(g["raw"])
     assert items, "no inline items"
     item = items[0]
-    assert item["insertText"]
+    h.expect(item["insertText"], h.GHOST)
+    assert g["cursor"] == [g_row, g_col + len(g_typed)]
     assert g["extmark"]["row"] == g["cursor"][0] and g["extmark"]["col"] == g["cursor"][1]
     assert g["extmark"]["virt_text_pos"] == "inline"
     assert item["range"]["start"] == {"line": g["cursor"][0], "character": g["cursor"][1]}
@@ -97,5 +101,6 @@ def test_neovim_completion_and_ghost_text(micro_model_dir: Path, tmp_path: Path)
     end_row = g["cursor"][0] + len(inserted) - 1
     end_col = (g["cursor"][1] if len(inserted) == 1 else 0) + len(inserted[-1])
     assert g["cursor_after_accept"] == [end_row, end_col]
+    h.expect(g["buffer_after_accept"][g_row], h.GHOST_LINE)
     assert r["status"]["loaded"] is True
     assert r["toggled_off"] is True  # :DiffillToggle -> didChangeConfiguration -> enabled false

@@ -1,6 +1,7 @@
 """VS Code (code-server 4.139 = VS Code OSS 1.139, in headless Debian Chromium driven by
 playwright-core) with the editors/vscode extension installed from its .vsix, against the
-real ``diffill serve`` + micro model.
+real ``diffill serve`` + the scripted checkpoint (local engine): typing ``v`` at
+``    result = [`` shows the ghost text `` * v for v in values]``, Tab inserts it.
 
 ``tests/e2e/editors/vscode_driver.js`` opens the file with Quick Open, types at a line, waits
 until ghost text is in the DOM, takes a screenshot, presses Tab in the browser and reads the
@@ -123,12 +124,13 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
             time.sleep(0.1)
 
 
-def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, tmp_path: Path) -> None:
+def test_vscode_ghost_text_accepted_with_tab(vsix: Path, scripted_model_dir: Path, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     text = h.SAMPLE
     (ws / "demo.py").write_text(text)
-    spots = [(*h.position_of(text, n), typed) for n, typed in h.GHOST_SPOTS]
+    row, col = h.position_of(text, h.GHOST_SPOT)
+    typed_text = h.GHOST_TYPED
     user_data = tmp_path / "user-data"
     (user_data / "User").mkdir(parents=True)
     settings = {
@@ -145,7 +147,7 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
         "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
         "editor.suggestOnTriggerCharacters": False,
         "diffill.serverCommand": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
-        "diffill.modelPath": h.model_path(micro_model_dir),
+        "diffill.modelPath": h.model_path(scripted_model_dir),
         "diffill.device": "cpu",
     }
     (user_data / "User" / "settings.json").write_text(json.dumps(settings, indent=1))
@@ -156,7 +158,7 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
             "chromium": CHROMIUM,
             "fileName": "demo.py",
             "original": text,
-            "spots": [{"line": r, "col": c, "typeText": t} for r, c, t in spots],
+            "spot": {"line": row, "col": col, "typeText": typed_text},
             "trace": str(trace),
             "result": str(result),
             "screenshot": str(Path(SCREENSHOT).resolve() if SCREENSHOT else tmp_path / "ghost.png"),
@@ -171,8 +173,8 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
     assert shown and shown["items"], r
     item = shown["items"][0]
     insert = item["insertText"]
+    h.expect(insert, h.GHOST)
     assert insert.strip(), insert  # VS Code shows no whitespace-only ghost text
-    row, col, typed_text = spots[r["spot"]]
     typed = text.split("\n")[row]
     typed = typed[:col] + typed_text + typed[col:]
     assert r["textBeforeAccept"].split("\n")[row] == typed
@@ -192,6 +194,7 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, micro_model_dir: Path, 
         "end": {"line": item["range"][2], "character": item["range"][3]},
     }
     assert r["textAfterAccept"] == h.apply_edit(r["textBeforeAccept"], rng, insert)
+    h.expect(r["textAfterAccept"].split("\n")[row], h.GHOST_LINE)
 
     # The status bar item shows the server's latency once a completion ran.
     assert any(re.search(r"diffill \d+ ms", s) for s in r["statusBar"]), r["statusBar"]

@@ -6,7 +6,7 @@ the test hook ``DIFFILL_DEBUG_FAULT=MemoryError:1``), a model call that raises
 stays up and answers every request, and later requests work once the fault is gone
 (a fixed ``modelPath``, the one-shot injected fault used up, the limit lifted).
 
-Why not a memory limit during a model call: a micro model's forward needs so little
+Why not a memory limit during a model call: a tiny model's forward needs so little
 memory that the allocator serves it from what earlier calls freed, so no limit makes
 it fail reliably; a model load always needs fresh address space.
 """
@@ -50,6 +50,11 @@ def complete(c: RawClient, uri: str = "file:///faults/doc.py", text: str = DOC) 
     return res["result"]
 
 
+def new_texts(result: dict[str, Any]) -> list[str]:
+    """The completion items' texts (the scripted checkpoint answers DOC with "total")."""
+    return [item["textEdit"]["newText"] for item in result["items"]]
+
+
 def switch_model(c: RawClient, model: Path) -> dict[str, Any]:
     c.notify("workspace/didChangeConfiguration", {"settings": {"diffill": {"modelPath": str(model)}}})
     time.sleep(0.2)
@@ -67,7 +72,7 @@ def test_missing_checkpoint(model_dir: Path, tmp_path: Path):
         assert complete(c)["items"] == []  # answered, empty: no model
         st = switch_model(c, model_dir)  # the fault clears: a good path
         assert st["loaded"] and st["error"] is None
-        assert "items" in complete(c, "file:///faults/after.py")
+        assert new_texts(complete(c, "file:///faults/after.py")) == ["total"]
         assert c.request("diffill/status")["result"]["model_requests"] >= 1
         assert c.shutdown() == 0
     finally:
@@ -89,7 +94,7 @@ def test_corrupt_checkpoint(model_dir: Path, tmp_path: Path):
         assert complete(c)["items"] == []
         st = switch_model(c, model_dir)
         assert st["loaded"] and st["error"] is None
-        complete(c, "file:///faults/after.py")
+        assert new_texts(complete(c, "file:///faults/after.py")) == ["total"]
         assert c.shutdown() == 0
     finally:
         c.kill()
@@ -111,6 +116,7 @@ def test_injected_model_fault_is_shown_and_cleared(model_dir: Path, tmp_path: Pa
         res = complete(c, "file:///faults/later.py")  # one-shot faults are used up: works again
         st = c.request("diffill/status")["result"]
         assert st["errors"] == int(count) and st["model_requests"] >= 1, (st, res)
+        assert new_texts(res) == ["total"]
         assert c.shutdown() == 0
     finally:
         c.kill()
@@ -125,7 +131,7 @@ def _vm_size(pid: int) -> int:
 
 
 def _big_checkpoint(like: Path, out: Path) -> Path:
-    """A random checkpoint ~10x the micro model's size with its tokenizer."""
+    """A random checkpoint, larger than ``like``, with its tokenizer."""
     import msgspec
     from diffill.model.config import DiffillDialect, read_config
     from diffill.model.transformer import Transformer
@@ -167,7 +173,7 @@ def test_out_of_memory_under_an_address_space_limit(model_dir: Path, tmp_path: P
                    ("memory" in m.lower() or "allocate" in m.lower()) for m in shown), shown
         st = switch_model(c, model_dir)  # the limit is gone: loading works again
         assert st["loaded"] and st["error"] is None, st
-        complete(c, "file:///faults/after.py")
+        assert new_texts(complete(c, "file:///faults/after.py")) == ["total"]
         assert c.request("diffill/status")["result"]["model_requests"] >= 2
         assert c.shutdown() == 0
     finally:

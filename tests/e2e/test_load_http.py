@@ -1,4 +1,4 @@
-"""``diffill serve-http`` as a subprocess on loopback (micro model):
+"""``diffill serve-http`` as a subprocess on loopback (the scripted checkpoint):
 
 * a CI-sized run of scripts/loadtest_http.py: concurrent clients, every request
   answered exactly once with its own completion (X-Request-Id echo, unique ids, and
@@ -188,7 +188,7 @@ def test_language_server_over_serve_http(team_server: str, model_dir: Path, tmp_
     finally:
         remote.kill()
         local.kill()
-    assert got == want
+    assert got == want == [("total",), ('"hello " + name',), ("% 2 == 0",), ("celsius + 273.15",)]
     assert st["model_requests"] == len(docs) and st["errors"] == 0
     assert TOKEN not in json.dumps(st) and TOKEN not in log.read_text()
 

@@ -9,8 +9,10 @@ Servers started (module scope, one event loop):
   deterministic;
 * ``broken``: a model path that does not exist.
 
-The documents come from the micro corpus the micro model memorised
-(tests/fixtures/micro_corpus.py), so suggestions are non-empty.
+All of them serve the scripted checkpoint (``scripted_model_dir``,
+tests/support/scripted_model.py), whose answers are certain: the documents are
+functions of the micro corpus whose prompts its script answers, and the tests
+state the suggestions they expect.
 """
 
 from __future__ import annotations
@@ -36,8 +38,7 @@ CLIENTS = {
     "visual-studio-code": "utf-16",
     "emacs": "utf-32",
 }
-# These tests check protocol mechanics with the micro model, which writes junk at 2-4 steps;
-# the syntax guard (tests/unit/lsp_server/test_syntax.py) would drop much of it, so it is off here.
+# Protocol mechanics; the syntax guard has its own tests (tests/unit/lsp_server/test_syntax.py).
 FAST = {"diffill": {"steps": 2, "maxTokens": 16, "numCandidates": 3, "syntaxCheck": False}}
 STEP_DELAY_MS = 100
 SLOW = {"diffill": {"steps": 4, "maxTokens": 16, "numCandidates": 1, "syntaxCheck": False}}
@@ -46,8 +47,7 @@ CORPUS = (Path(__file__).resolve().parents[1] / "fixtures" / "micro_corpus.py").
 
 
 def block(name: str) -> str:
-    """The micro corpus function ``name`` (the unit the micro model memorised), text up to
-    the next blank line."""
+    """The micro corpus function ``name``, text up to the next blank line."""
     start = CORPUS.index(f"def {name}(")
     end = CORPUS.find("\n\n", start)
     return CORPUS[start:] if end < 0 else CORPUS[start:end + 1]
@@ -204,18 +204,25 @@ async def test_completion_item_shape(client: LanguageClient):
     uri = open_doc(client, text)
     pos = end_of(text, 2, client.encoding)
     res = await completion(client, uri, pos)
-    assert res.items, "the micro model should complete 'return to'"
-    for item in res.items:
-        edit = item.text_edit
-        assert edit.range.start == types.Position(line=2, character=pos.character - 2)  # the word "to"
-        assert edit.range.end.line == 2 and edit.range.end.character >= pos.character
-        assert edit.new_text.startswith("to") and len(edit.new_text) > 2
-        assert item.filter_text == edit.new_text
-        assert item.label == edit.new_text.split("\n")[0] or item.label.endswith("\u2026")
-        doc = item.documentation if isinstance(item.documentation, str) else item.documentation.value
-        assert edit.new_text in doc
-        assert item.insert_text_format == types.InsertTextFormat.PlainText
-        assert item.kind in (types.CompletionItemKind.Text, types.CompletionItemKind.Snippet)
+    # token healing: the model filled the hole from "return" (script: " total"), the item
+    # replaces the typed word "to" with "total"
+    [item] = res.items
+    edit = item.text_edit
+    assert edit.new_text == "total"
+    assert edit.range == types.Range(start=types.Position(line=2, character=pos.character - 2), end=pos)
+    assert item.filter_text == item.label == "total"
+    doc = item.documentation if isinstance(item.documentation, str) else item.documentation.value
+    assert "total" in doc
+    assert item.insert_text_format == types.InsertTextFormat.PlainText
+    assert item.kind == types.CompletionItemKind.Text
+    assert item.sort_text == "0000" and item.preselect
+    # asked again at the same spot (Neovim's menu after a plain request): the same answer,
+    # from the typed-ahead cache although the run asked for 3 candidates found 1
+    before = await status(client)
+    again = await completion(client, uri, pos)
+    st = await status(client)
+    assert [i.text_edit.new_text for i in again.items] == ["total"]
+    assert st.model_calls == before.model_calls and st.cache_hits == before.cache_hits + 1
 
 
 async def test_positions_with_emoji_in_each_encoding(client: LanguageClient):
@@ -224,36 +231,37 @@ async def test_positions_with_emoji_in_each_encoding(client: LanguageClient):
     uri = open_doc(client, text)
     line = text.split("\n")[1]
     res = await completion(client, uri, end_of(text, 1, enc))
-    assert res.items
     word_start = units(line[: line.rindex("na")], enc)
-    for item in res.items:
-        assert item.text_edit.range.start.character == word_start
-        assert item.text_edit.range.end.character >= units(line, enc)
+    assert [i.text_edit.new_text for i in res.items] == ["name"]
+    assert res.items[0].text_edit.range == types.Range(
+        start=types.Position(line=1, character=word_start), end=end_of(text, 1, enc))
     # positions in: an incremental edit right after the emoji, in client units
     after_emoji = units(line[: line.index("😀") + 1], enc)
     change(client, uri, 2, types.Position(line=1, character=after_emoji),
            types.Position(line=1, character=after_emoji), "!")
     line2 = line.replace("😀", "😀!")
     got = await inline(client, uri, types.Position(line=1, character=units(line2, enc)))
-    assert got.items
-    for item in got.items:
-        assert item.range.start == types.Position(line=1, character=units(line2, enc))
+    assert [i.insert_text for i in got.items] == ["me"]  # "na" typed, " name" written
+    cursor = types.Position(line=1, character=units(line2, enc))
+    assert got.items[0].range == types.Range(start=cursor, end=cursor)
     st = await status(client)
     assert st.requests >= 2
 
 
 async def test_inline_invoked_vs_automatic(client: LanguageClient):
-    text = cut(SQUARE, "result = [v * v for v in values]", "result = ")
+    # The script writes 'message = "hello " + name' (7 tokens) after the indentation. With
+    # numCandidates 3 and maxTokens 16 the holes are 4, 8 and 16 tokens: the 4-token hole is
+    # too short and holds the start of it, ranked after the whole line.
+    text = cut(GREET, 'message = "hello " + name', "")
     uri_a = open_doc(client, text)
     uri_b = open_doc(client, text)
     pos = end_of(text, 1, client.encoding)
     auto = await inline(client, uri_a, pos, invoked=False)
     invoked = await inline(client, uri_b, pos, invoked=True)
-    assert len(auto.items) == 1
-    assert 1 <= len(invoked.items) <= 3
-    assert len({i.insert_text for i in invoked.items}) == len(invoked.items)
+    assert [i.insert_text for i in auto.items] == ['message = "hello " + name']
+    assert [i.insert_text for i in invoked.items] == ['message = "hello " + name', 'message = "hello']
     for item in auto.items + invoked.items:
-        assert item.range.start == pos and item.insert_text.strip()
+        assert item.range == types.Range(start=pos, end=pos)
 
 
 async def test_selected_completion_info(client: LanguageClient):
@@ -263,10 +271,11 @@ async def test_selected_completion_info(client: LanguageClient):
     sel = types.SelectedCompletionInfo(
         range=types.Range(start=types.Position(line=1, character=4), end=pos), text="message")
     res = await inline(client, uri, pos, invoked=True, selected=sel)
-    assert res.items
+    # the model completes the line with the selected item's text in place (healed from its
+    # start: ' message = "hello " + name'); the answer replaces the selected range
+    assert [i.insert_text for i in res.items] == ['message = "hello " + name', 'message = "hello']
     for item in res.items:
-        assert item.insert_text.startswith("message") and len(item.insert_text) > len("message")
-        assert item.range.start == sel.range.start and item.range.end.character >= pos.character
+        assert item.range == types.Range(start=sel.range.start, end=pos)
 
 
 # ----------------------------------------------------------------------------- freshness
@@ -320,42 +329,23 @@ async def test_document_change_cancels_running_request(slow: LanguageClient):
     assert st.superseded == getattr(before, "superseded", 0) + 1
 
 
-# Cursor positions in micro-corpus functions where the micro model's answer is long
-# (text, line of the cursor): the typed-ahead test uses the first that gives >= 2 chars,
-# so it does not depend on one position's answer of one trained micro model.
-TYPED_AHEAD_POSITIONS = (
-    (cut(GREET, 'message = "hello " + name', ""), 1),
-    (cut(GREET, 'message = "hello " + name', "message = "), 1),
-    (cut(block("celsius_to_kelvin"), "kelvin = celsius + 273.15", "kelvin ="), 1),
-    (cut(block("reverse_words"), 'return " ".join(reversed(words))', "return"), 2),
-    (cut(block("merge_dicts"), "merged.update(right)", ""), 2),
-)
-
-
 async def test_typed_ahead_answers_without_model_call(slow: LanguageClient):
-    tried = []
-    for text, line in TYPED_AHEAD_POSITIONS:
-        uri = open_doc(slow, text)
-        pos = end_of(text, line, "utf-16")
-        first = await inline(slow, uri, pos)
-        sugg = first.items[0].insert_text if first.items else ""
-        tried.append(sugg)
-        if len(sugg) >= 2 and sugg[0] not in "\r\n":
-            break
-    else:
-        pytest.fail(f"no position gave a suggestion of >= 2 characters: {tried}")
-    typed = sugg[:1]
+    text = cut(GREET, 'message = "hello " + name', "")
+    uri = open_doc(slow, text)
+    pos = end_of(text, 1, "utf-16")
+    first = await inline(slow, uri, pos)
+    assert [i.insert_text for i in first.items] == ['message = "hello " + name']
     before = await status(slow)
-    change(slow, uri, 2, pos, pos, typed)
+    change(slow, uri, 2, pos, pos, "me")
     t0 = time.monotonic()
-    second = await inline(slow, uri, types.Position(line=line, character=pos.character + units(typed, "utf-16")))
+    second = await inline(slow, uri, types.Position(line=1, character=pos.character + 2))
     took = time.monotonic() - t0
     st = await status(slow)
     assert st.model_calls == before.model_calls  # no model call
     assert st.cache_hits == getattr(before, "cache_hits", 0) + 1
-    assert [i.insert_text for i in second.items][:1] == [sugg[len(typed):]]
-    assert second.items[0].range.start.character == pos.character + units(typed, "utf-16")
-    print(f"typed-ahead answer in {took * 1000:.1f} ms (typed {typed!r} of {sugg!r})")
+    assert [i.insert_text for i in second.items] == ['ssage = "hello " + name']
+    assert second.items[0].range.start.character == pos.character + 2
+    print(f"typed-ahead answer in {took * 1000:.1f} ms")
 
 
 async def test_completion_and_inline_together_one_model_call(slow: LanguageClient):
@@ -369,8 +359,8 @@ async def test_completion_and_inline_together_one_model_call(slow: LanguageClien
     st = await status(slow)
     assert st.model_calls == before.model_calls + 1 and st.superseded == before.superseded
     assert st.cache_hits == before.cache_hits + 1
-    assert [i.text_edit.new_text for i in comp.items][:1] == [i.insert_text for i in inl.items][:1]
-    assert inl.items
+    assert [i.text_edit.new_text for i in comp.items] == [i.insert_text for i in inl.items] == [
+        '"hello " + name']
 
 
 # ----------------------------------------------------------------------------- robustness

@@ -1,6 +1,6 @@
 """Soak: 10,000+ completion requests with random edits, supersession, cancellation
-and typed-ahead against ONE ``diffill serve`` process (micro model, 1 step, tiny
-holes). Measures the server's RSS (mean of the samples taken during the first
+and typed-ahead against ONE ``diffill serve`` process (the scripted checkpoint, which
+suggests something after every template, 1 step, tiny holes). Measures the server's RSS (mean of the samples taken during the first
 1,000 requests vs the last 1,000) and checks that every answer is fresh.
 
 Freshness: the document is a fixed filler, then a line ``# rev <version>`` unique to
@@ -182,5 +182,6 @@ def test_soak(model_dir: Path, tmp_path: Path, capsys):
               f"{[round(kib / 1024, 1) for k, kib in rss if k % 1000 < 100]}; "
               f"status counters {counters}")
     assert counts["superseded_empty"] > 0 and counts["cancelled"] > 0
+    assert counts["non_empty"] > 0 and counts["typeahead"] > 0
     assert final["in_flight"] == 0  # no handler future left behind (pygls kept one per didChange)
     assert last_mib - first_mib < max(32.0, 0.15 * first_mib), "server memory keeps growing"

@@ -65,14 +65,9 @@ def need(tool: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("micro_model_dir"))
-    except pytest.FixtureLookupError:
-        env = os.environ.get("DIFFILL_LSP_TEST_MODEL")
-        if not env:
-            raise
-        return Path(env)
+def model_dir(scripted_model_dir: Path) -> Path:
+    """The scripted checkpoint (tests/support/scripted_model.py): its answers are certain."""
+    return Path(scripted_model_dir)
 
 
 def doc_config() -> str:
@@ -321,11 +316,14 @@ def test_haproxy_scale_out(team: Team, trust: None, tmp_path: Path, capsys):
         lsp.initialize({"diffill": {"backend": "openai", "remoteUrl": team.url + "/v1",
                                     "apiKeyEnv": TOKEN_ENV, "maxTokens": 8, "numCandidates": 1}})
         assert lsp.wait_loaded()["backend"] == "openai"
+        got = []
         for i, (prefix, suffix) in enumerate(PROMPTS):
             uri = f"file:///team/{i}.py"
             lsp.open(uri, prefix + suffix)
             res = lsp.wait_for(lsp.inline_async(uri, *end_position(prefix)), 60)
-            assert "items" in res["result"], res
+            got.append([item["insertText"] for item in res["result"]["items"]])
+        # the scripted checkpoint's answers (the last one cut by the 8-token hole)
+        assert got == [["total"], ['"hello " + name'], ["% 2 == 0"], ["celsius + 273."]], got
         st = lsp.request("diffill/status")["result"]
         assert lsp.shutdown() == 0
     finally:

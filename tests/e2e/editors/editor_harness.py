@@ -2,8 +2,9 @@
 
 Each test drives one real editor (Neovim headless, Emacs batch, VS Code through code-server
 and headless Chromium) with this repository's client package, against the real ``diffill
-serve`` loading the micro model, and checks that the text put in the buffer is the text the
-server suggested. The editors come from ``.ci/install_editors.sh``; heavy downloads live in
+serve`` loading the scripted checkpoint (``scripted_model_dir``, tests/support/scripted_model.py,
+local engine), and checks that the editor shows and inserts exactly the suggestion that
+checkpoint is scripted to make at the spot. The editors come from ``.ci/install_editors.sh``; heavy downloads live in
 ``$DIFFILL_CI_CACHE`` (default ``~/.cache/diffill-ci``), outside the repository.
 """
 
@@ -33,9 +34,9 @@ DRIVER_MODULES = CACHE / "driver" / "node_modules"
 
 INSTALL_HINT = "run .ci/install_editors.sh"
 
-# Functions the micro model was trained on (tests/fixtures/micro_corpus.py), with lines left
-# unfinished for the tests to complete. ASCII only, so positions are the same in utf-8,
-# utf-16 and utf-32. ("{hole}" keeps trailing blanks out of this source file.)
+# Functions of the micro corpus with lines left unfinished for the tests to complete. ASCII
+# only, so positions are the same in utf-8, utf-16 and utf-32. ("{hole}" keeps trailing
+# blanks out of this source file.)
 SAMPLE = """def add_numbers(a, b):
     total = {hole}
     return total
@@ -56,13 +57,16 @@ def is_even(number):
     return {hole}
 """.format(hole="")
 
-# Where to ask. A tiny model may have nothing to say at some spot, so each test tries these in
-# order and uses the first where the server suggests something (what the client does with a
-# suggestion is under test, not the model). Completion: cursor at the end of the text.
-COMPLETION_SPOTS = ["    total = ", "    result = [", "    print(", "number):\n    return "]
-# Ghost text: cursor at the end of the text, then the second string is typed.
-GHOST_SPOTS = [("    result = [", "v"), ("    total = ", "a"), ("    print(", "m"),
-               ("number):\n    return ", "n")]
+# Where to ask, and what the scripted checkpoint answers there (its RULES; the server heals
+# the hole back over the space / the typed "v" before asking the model).
+# Completion: cursor at the end of COMPLETION_SPOT; the item's text is COMPLETION.
+COMPLETION_SPOT = "    total = "
+COMPLETION = "a + b"
+COMPLETION_LINE = "    total = a + b"  # the line after the item is accepted
+# Ghost text: cursor at the end of GHOST_SPOT, GHOST_TYPED typed; the ghost text is GHOST.
+GHOST_SPOT, GHOST_TYPED = "    result = [", "v"
+GHOST = " * v for v in values]"
+GHOST_LINE = "    result = [v * v for v in values]"  # the line after the ghost text is accepted
 
 
 def need(ok: bool, reason: str) -> None:
@@ -75,10 +79,20 @@ def need(ok: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
-def model_path(micro_model_dir: Path) -> str:
-    """Checkpoint the editor tests serve: the micro model, or ``$DIFFILL_EDITORS_MODEL``
-    (e.g. the shipped model, to take the README screenshot with real suggestions)."""
-    return os.environ.get("DIFFILL_EDITORS_MODEL") or str(micro_model_dir)
+MODEL_OVERRIDE = os.environ.get("DIFFILL_EDITORS_MODEL")
+"""Another checkpoint to serve (e.g. the shipped model, to take the README screenshot with
+real suggestions). Its suggestions are not known: the checks of the exact text are skipped."""
+
+
+def model_path(scripted_model_dir: Path) -> str:
+    """Checkpoint the editor tests serve: the scripted one, or ``$DIFFILL_EDITORS_MODEL``."""
+    return MODEL_OVERRIDE or str(scripted_model_dir)
+
+
+def expect(got: str, want: str) -> None:
+    """``got`` is the scripted checkpoint's suggestion ``want`` (unless another model serves)."""
+    if MODEL_OVERRIDE is None:
+        assert got == want, (got, want)
 
 
 def diffill_serve_cmd() -> list[str]:

@@ -1,9 +1,8 @@
 ;;; emacs_e2e.el --- batch end-to-end run of editors/emacs/diffill.el  -*- lexical-binding: t; -*-
 
 ;; emacs --batch -l emacs_e2e.el   with $DIFFILL_E2E_CONFIG = path of a JSON file:
-;;   {plugin_dir, cmd, settings, file, result,
-;;    completion: [{row, col}, ...], ghost: [{row, col, type}, ...]}
-;; (spots: 0-based rows, character columns; tried in order until the server has a suggestion)
+;;   {plugin_dir, cmd, settings, file, result, completion: {row, col}, ghost: {row, col, type}}
+;; (0-based rows, character columns; at the ghost spot `type' is typed)
 ;; Writes a JSON result; every check is made by the pytest side.  Exit 0 = the run completed.
 
 ;;; Code:
@@ -93,97 +92,70 @@ EXPLAIN, if given, returns a string added to the failure message."
       (e2e-put 'managed (if eglot--managed-mode t :json-false))
       (e2e-put 'inline_mode (if diffill-inline-mode t :json-false))
 
-      ;; 1) completion-at-point (eglot's capf) inserts the server's completion.  Spots are
-      ;;    tried in order until the server suggests something at one.
-      (let ((spots (append (e2e-get e2e-cfg 'completion) nil))
-            (i 0) (done nil))
-        (while (and spots (not done))
-          (let ((c (pop spots)))
-            (setq i (1+ i))
-            (e2e-goto (alist-get 'row c) (alist-get 'col c))
-            (let ((raw (jsonrpc-request (eglot-current-server) :textDocument/completion
-                                        (append (eglot--TextDocumentPositionParams)
-                                                '(:context (:triggerKind 1)))))
-                  (line-before (e2e-line)))
-              (if (seq-empty-p (plist-get raw :items))
-                  (e2e-put 'completion_skipped i)
-                (setq done t)
-                (let ((capf (eglot-completion-at-point))
-                      (t1 (e2e-ms)))
-                  (e2e-put 'completion
-                           `((spot . ,i)
-                             (line_before . ,line-before)
-                             (raw . ,raw)
-                             (candidates . ,(vconcat
-                                             (mapcar #'substring-no-properties
-                                                     (all-completions
-                                                      (buffer-substring-no-properties (nth 0 capf) (point))
-                                                      (nth 2 capf)))))))
-                  (diffill-inline-dismiss)
-                  (completion-at-point)
-                  (e2e-put 'completion
-                           (append (alist-get 'completion e2e-result)
-                                   `((line_after . ,(e2e-line))
-                                     (buffer_after . ,(buffer-substring-no-properties (point-min) (point-max)))
-                                     (ms . ,(- (e2e-ms) t1))))))
-                (e2e-restore)))))
-        (unless done
-          (e2e-finish nil "the server suggested nothing at any completion spot")))
+      ;; 1) completion-at-point (eglot's capf) inserts the server's completion.
+      (let ((c (e2e-get e2e-cfg 'completion)))
+        (e2e-goto (alist-get 'row c) (alist-get 'col c))
+        (let ((raw (jsonrpc-request (eglot-current-server) :textDocument/completion
+                                    (append (eglot--TextDocumentPositionParams)
+                                            '(:context (:triggerKind 1)))))
+              (line-before (e2e-line)))
+          (when (seq-empty-p (plist-get raw :items))
+            (e2e-finish nil "the server answered the completion request with no items"))
+          (let ((capf (eglot-completion-at-point))
+                (t1 (e2e-ms)))
+            (e2e-put 'completion
+                     `((line_before . ,line-before)
+                       (raw . ,raw)
+                       (candidates . ,(vconcat
+                                       (mapcar #'substring-no-properties
+                                               (all-completions
+                                                (buffer-substring-no-properties (nth 0 capf) (point))
+                                                (nth 2 capf)))))))
+            (diffill-inline-dismiss)
+            (completion-at-point)
+            (e2e-put 'completion
+                     (append (alist-get 'completion e2e-result)
+                             `((line_after . ,(e2e-line))
+                               (buffer_after . ,(buffer-substring-no-properties (point-min) (point-max)))
+                               (ms . ,(- (e2e-ms) t1))))))
+          (e2e-restore)))
 
-      ;; 2) diffill-inline-mode: typing shows an overlay; TAB accepts it.  Spots are tried in
-      ;;    order until the server suggests something at one.
-      (let ((answers 0))
+      ;; 2) diffill-inline-mode: typing shows an overlay; TAB accepts it.
+      (let ((answers 0)
+            (g (e2e-get e2e-cfg 'ghost)))
         (add-hook 'diffill-inline-answer-functions (lambda (_items) (cl-incf answers)) nil t)
-        (let ((spots (append (e2e-get e2e-cfg 'ghost) nil))
-              (i 0) (done nil))
-          (while (and spots (not done))
-            (let ((g (pop spots)))
-              (setq i (1+ i))
-              (e2e-goto (alist-get 'row g) (alist-get 'col g))
-              (diffill-inline-dismiss)
-              (let ((line-before (e2e-line))
-                    (t1 (e2e-ms))
-                    (answers0 answers)
-                    (answered-at nil))
-                (execute-kbd-macro (alist-get 'type g)) ; self-insert-command, as if typed
-                (e2e-wait "ghost text or an empty answer"
-                          (lambda ()
-                            (or (diffill-inline-suggestion)
-                                (and (> answers answers0)
-                                     (> (- (float-time) (setq answered-at (or answered-at (float-time))))
-                                        0.5))))
-                          120)
-                (if (not (diffill-inline-suggestion))
-                    (progn (e2e-put 'ghost_skipped i)
-                           (e2e-restore))
-                  (setq done t)
-                  (let* ((ov (cl-find-if (lambda (o) (overlay-get o 'diffill))
-                                         (overlays-in (point-min) (point-max))))
-                         (shown (substring-no-properties (overlay-get ov 'after-string)))
-                         (raw (jsonrpc-request (eglot-current-server) :textDocument/inlineCompletion
-                                               (append (eglot--TextDocumentPositionParams)
-                                                       '(:context (:triggerKind 2)))))
-                         (before (buffer-substring-no-properties (point-min) (point-max)))
-                         (point-before (1- (point))))
-                    (e2e-put 'ghost
-                             `((spot . ,i)
-                               (ms . ,(- (e2e-ms) t1))
-                               (line_before . ,line-before)
-                               (line_typed . ,(e2e-line))
-                               (overlay_at . ,(1- (overlay-start ov)))
-                               (shown . ,shown)
-                               (suggestion . ,(diffill-inline-suggestion))
-                               (raw . ,raw)
-                               (buffer_before_accept . ,before)
-                               (point_before_accept . ,point-before)))
-                    (execute-kbd-macro (kbd "TAB"))
-                    (e2e-put 'ghost
-                             (append (alist-get 'ghost e2e-result)
-                                     `((buffer_after_accept . ,(buffer-substring-no-properties (point-min) (point-max)))
-                                       (point_after_accept . ,(1- (point)))
-                                       (overlay_after_accept . ,(if (diffill-inline-visible-p) t :json-false))))))))))
-          (unless done
-            (e2e-finish nil "the server suggested nothing at any ghost text spot"))))
+        (e2e-goto (alist-get 'row g) (alist-get 'col g))
+        (diffill-inline-dismiss)
+        (let ((line-before (e2e-line))
+              (t1 (e2e-ms)))
+          (execute-kbd-macro (alist-get 'type g)) ; self-insert-command, as if typed
+          ;; The spot has a suggestion (the scripted checkpoint's): wait for it.
+          (e2e-wait "ghost text" #'diffill-inline-suggestion 120
+                    (lambda () (format "%d inline answers, line %S" answers (e2e-line))))
+          (let* ((ov (cl-find-if (lambda (o) (overlay-get o 'diffill))
+                                 (overlays-in (point-min) (point-max))))
+                 (shown (substring-no-properties (overlay-get ov 'after-string)))
+                 (raw (jsonrpc-request (eglot-current-server) :textDocument/inlineCompletion
+                                       (append (eglot--TextDocumentPositionParams)
+                                               '(:context (:triggerKind 2)))))
+                 (before (buffer-substring-no-properties (point-min) (point-max)))
+                 (point-before (1- (point))))
+            (e2e-put 'ghost
+                     `((ms . ,(- (e2e-ms) t1))
+                       (line_before . ,line-before)
+                       (line_typed . ,(e2e-line))
+                       (overlay_at . ,(1- (overlay-start ov)))
+                       (shown . ,shown)
+                       (suggestion . ,(diffill-inline-suggestion))
+                       (raw . ,raw)
+                       (buffer_before_accept . ,before)
+                       (point_before_accept . ,point-before)))
+            (execute-kbd-macro (kbd "TAB"))
+            (e2e-put 'ghost
+                     (append (alist-get 'ghost e2e-result)
+                             `((buffer_after_accept . ,(buffer-substring-no-properties (point-min) (point-max)))
+                               (point_after_accept . ,(1- (point)))
+                               (overlay_after_accept . ,(if (diffill-inline-visible-p) t :json-false))))))))
       (e2e-put 'status (diffill-status))
       ;; diffill-toggle pushes enabled=false with workspace/didChangeConfiguration.
       (diffill-toggle)

@@ -1,9 +1,8 @@
 -- Headless Neovim end-to-end run of editors/nvim against a real `diffill serve`.
 --   nvim --headless --clean -u nvim_e2e.lua      with $DIFFILL_E2E_CONFIG = path of a JSON file:
 --   { plugin_dir, cmd, settings, file, result,
---     completion = { { row, col }, ... },        -- spots: 0-based row, byte col to insert at
---     ghost = { { row, col, type }, ... } }      -- spots: insert position, then `type` is typed
--- Spots are tried in order until the server has a suggestion at one.
+--     completion = { row, col },        -- 0-based row, byte col to insert at
+--     ghost = { row, col, type } }      -- insert position, then `type` is typed
 -- Writes a JSON result; every check is made by the pytest side. Exit 0 = the run completed.
 --
 -- Typeahead (feedkeys) runs only when control returns to the main loop, so the steps are chained
@@ -134,36 +133,17 @@ local function restore(k)
 end
 
 -- Step 2: ghost text from textDocument/inlineCompletion, accepted with the plugin's key.
--- Spots are tried in order until the model suggests something at one (a micro model may
--- have nothing to say at some of them); R.ghost_skipped counts the ones passed over.
-local function ghost_step(i)
-  local g = cfg.ghost[i]
-  if not g then
-    return finish(false, ('the server suggested nothing at any of the %d ghost text spots'):format(#cfg.ghost))
-  end
+local function ghost_step()
+  local g = cfg.ghost
   insert_at(g.row, g.col, function()
     local before = line(g.row)
     local typed_at = ms()
     local answers0 = inline_answers
-    local answered_at = nil
     vim.api.nvim_feedkeys(g.type, 'nt', false) -- as if typed: TextChangedI fires
-    poll('ghost text or an empty answer', function()
-      if #ghost_extmarks() > 0 and require('diffill').suggestion() ~= nil then
-        return 'shown'
-      end
-      if inline_answers > answers0 then
-        answered_at = answered_at or ms()
-        if ms() - answered_at > 500 then
-          return 'empty'
-        end
-      end
-    end, function(outcome)
-      if outcome == 'empty' then
-        R.ghost_skipped = (R.ghost_skipped or 0) + 1
-        return restore(function()
-          ghost_step(i + 1)
-        end)
-      end
+    -- The spot has a suggestion (the scripted checkpoint's): wait for it, whatever the timing.
+    poll('ghost text', function()
+      return #ghost_extmarks() > 0 and require('diffill').suggestion() ~= nil
+    end, function()
       R.steps.ghost_ms = ms() - typed_at
       local marks = ghost_extmarks()
       local d = marks[1][4]
@@ -185,7 +165,6 @@ local function ghost_step(i)
       end
       local cur = vim.api.nvim_win_get_cursor(0)
       R.ghost = {
-        spot = i,
         line_before = before,
         line_typed = line(g.row),
         cursor = { cur[1] - 1, cur[2] },
@@ -215,28 +194,23 @@ local function ghost_step(i)
           finish(true)
         end, 10000)
       end, 10000)
-    end, 90000)
+    end, 90000, function()
+      return ('%d inline answers since the keystroke, line %q'):format(inline_answers - answers0, line(g.row))
+    end)
   end)
 end
 
--- Step 1: completion item through vim.lsp.completion, accepted with <C-y>. Spots are tried
--- in order until the server suggests something at one.
-local function completion_step(i)
-  local c = cfg.completion[i]
-  if not c then
-    return finish(false, ('the server suggested nothing at any of the %d completion spots'):format(#cfg.completion))
-  end
+-- Step 1: completion item through vim.lsp.completion, accepted with <C-y>.
+local function completion_step()
+  local c = cfg.completion
   insert_at(c.row, c.col, function()
-    R.completion = { spot = i, line_before = line(c.row) }
-    -- The plain request first: it tells whether the model has anything to say here, and the
-    -- menu's request below then gets the same answer (the server caches it).
+    R.completion = { line_before = line(c.row) }
+    -- The plain request first (what the server answers here); the menu's request below asks
+    -- again at the same spot and gets the same answer from the server's typed-ahead cache.
     local cur0 = vim.api.nvim_win_get_cursor(0)
     R.completion.raw = raw('textDocument/completion', cur0[1] - 1, cur0[2], { context = { triggerKind = 1 } })
     if #((R.completion.raw or {}).items or R.completion.raw or {}) == 0 then
-      R.completion_skipped = (R.completion_skipped or 0) + 1
-      return restore(function()
-        completion_step(i + 1)
-      end)
+      return finish(false, 'the server answered the completion request with no items')
     end
     local t = ms()
     vim.lsp.completion.get() -- what <C-x><C-o> does with the LSP omnifunc
@@ -266,7 +240,7 @@ local function completion_step(i)
           R.completion.buffer_after = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
           -- Back to the original document: the ghost text spots refer to it.
           restore(function()
-            ghost_step(1)
+            ghost_step()
           end)
         end, 50)
       end, 10000)
@@ -302,9 +276,9 @@ vim.api.nvim_create_autocmd('VimEnter', {
       end, function()
         R.steps.loaded_ms = ms()
         if cfg.completion then
-          completion_step(1)
+          completion_step()
         else
-          ghost_step(1)
+          ghost_step()
         end
       end, 120000)
     end, 60000)

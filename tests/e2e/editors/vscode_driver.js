@@ -9,7 +9,7 @@
 //
 // Usage: node vscode_driver.js CONFIG.json      (exit 0: the run completed; the checks are pytest's)
 // CONFIG: { url, chromium, fileName, original (the document's text), trace, result, screenshot,
-//          timeoutMs, spots: [{ line, col (0-based), typeText }, ...] }
+//          timeoutMs, spot: { line, col (0-based), typeText } }
 'use strict';
 const fs = require('fs');
 const { chromium } = require('playwright-core');
@@ -79,11 +79,11 @@ const GHOST = '.ghost-text-decoration, .ghost-text';
       .filter((e) => !e.parentElement || !e.parentElement.closest(sel))
       .map((e) => e.textContent.replace(/\u00a0/g, ' ')), GHOST);
 
-    // Spots are tried in order until the server suggests something at one: go to line:column
-    // (Ctrl+G, 1-based), type, and wait for ghost text or for an answer without any text.
+    // Go to line:column (Ctrl+G, 1-based), type, and wait for the ghost text (the spot has a
+    // suggestion: the scripted checkpoint's).
     let typedAt = 0;
     let nInline = 0;
-    R.spot = null;
+    let shown = false;
     const requestsSoFar = () => traceEvents().filter((e) => e.event === 'inline-request').length;
     const undoToOriginal = async () => {
       await page.keyboard.press('Escape');
@@ -93,8 +93,8 @@ const GHOST = '.ghost-text-decoration, .ghost-text';
         return t.length && t[t.length - 1].text === cfg.original;
       }, 10000);
     };
-    for (let i = 0, attempt = 0; i < cfg.spots.length && R.spot === null; attempt++) {
-      const spot = cfg.spots[i];
+    const spot = cfg.spot;
+    for (let attempt = 0; !shown; attempt++) {
       await page.keyboard.press('Control+G');
       await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
       await page.keyboard.type(`${spot.line + 1}:${spot.col + 1}`);
@@ -115,39 +115,22 @@ const GHOST = '.ghost-text-decoration, .ghost-text';
         asked = await until('inline request', () => requestsSoFar() > nRequests, 5000).catch(() => false);
       }
       if (!asked) {
-        if (attempt >= 2) throw new Error(`VS Code sent no inline completion request at spot ${i}`);
+        if (attempt >= 2) throw new Error('VS Code sent no inline completion request');
         R.retypes = (R.retypes || 0) + 1;
         await undoToOriginal();
         await sleep(1000);
         continue;
       }
-      attempt = -1;
-      let emptySince = null;
-      const outcome = await until('ghost text in the DOM', async () => {
-        if ((await readGhost()).join('').trim()) return 'shown';
-        const answers = traceEvents().filter((e) => e.event === 'inline').slice(nInline)
-          .filter((e) => e.position[0] === at[0] && e.position[1] === at[1]);
-        if (answers.length && answers.every((e) => e.items.every((it) => !it.insertText.trim()))) {
-          emptySince = emptySince ?? Date.now();
-          if (Date.now() - emptySince > 500) return 'empty';
-        }
-        return null;
-      }, cfg.timeoutMs).catch((e) => {
+      shown = await until('ghost text in the DOM', async () => (await readGhost()).join('').trim(),
+        cfg.timeoutMs).catch((e) => {
         const ev = traceEvents();
         const asked = ev.filter((x) => x.event === 'inline-request').length;
-        const last = ev.filter((x) => x.event === 'inline').pop();
-        throw new Error(`${e.message} (spot ${i}: ${asked} inline requests so far, last answer: ` +
-          `${JSON.stringify(last || null)})`);
+        const answers = ev.filter((x) => x.event === 'inline').slice(nInline)
+          .filter((x) => x.position[0] === at[0] && x.position[1] === at[1]);
+        throw new Error(`${e.message} (${asked} inline requests so far, answers at the spot: ` +
+          `${JSON.stringify(answers)})`);
       });
-      if (outcome === 'shown') {
-        R.spot = i;
-      } else {
-        R.skippedSpots = (R.skippedSpots || 0) + 1;
-        await undoToOriginal();
-        i++;
-      }
     }
-    if (R.spot === null) throw new Error('the server suggested nothing at any spot');
     R.ghostMs = ms() - typedAt;
     await sleep(150); // let VS Code settle (it may re-render once after the item arrived)
     R.ghostDom = await readGhost();

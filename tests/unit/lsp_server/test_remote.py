@@ -1,7 +1,7 @@
 """The OpenAI-compatible remote backend (lsp_server/remote.py).
 
-* against diffill's own serve-http app over the micro model (in-process, loopback):
-  the same suggestions as the local backend;
+* against diffill's own serve-http app over the scripted checkpoint (in-process,
+  loopback): the same suggestions as the local backend, the ones its script gives;
 * against a scripted server: retries with back-off on 429/5xx/connection errors,
   Retry-After, deadlines, no retry on other 4xx, the API key only in the header,
   cancellation while waiting and while backing off, keep-alive reuse.
@@ -37,10 +37,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 OPTS = CompletionOptions(steps=2, max_tokens=16)
-DOCS = [
-    ("def add_numbers(a, b):\n    total = a + b\n    return ", "\n"),
-    ("def greet_user(name):\n    message = ", "\n    print(message)\n    return message\n"),
-    ("def is_even(number):\n    return number % ", "\n"),
+DOCS = [  # (prefix, suffix, what the scripted checkpoint suggests)
+    ("def add_numbers(a, b):\n    total = a + b\n    return ", "\n", "total"),
+    ("def greet_user(name):\n    message = ", "\n    print(message)\n    return message\n",
+     '"hello " + name'),
+    ("def is_even(number):\n    return number % ", "\n", "2 == 0"),
 ]
 
 
@@ -92,11 +93,11 @@ async def test_same_suggestions_as_the_local_backend(model_dir: Path):
         os.environ["DIFFILL_TEST_REMOTE_KEY"] = "team-token"
         remote = RemoteBackend(RemoteSettings(url=str(server.make_url("/v1")), model="diffill",
                                               api_key_env="DIFFILL_TEST_REMOTE_KEY"))
-        for prefix, suffix in DOCS:
+        for prefix, suffix, expected in DOCS:
             want = Completer(local, OPTS).run(prefix + suffix, len(prefix), n=1)
             got = await asyncio.to_thread(
                 Completer(remote, OPTS).run, prefix + suffix, len(prefix), n=1)
-            assert [s.text for s in got.suggestions] == [s.text for s in want.suggestions]
+            assert [s.text for s in got.suggestions] == [s.text for s in want.suggestions] == [expected]
             assert got.context.prefix == want.context.prefix  # small documents: nothing cut
         desc = remote.describe()
         assert desc["model_calls"] == len(DOCS) and desc["failures"] == 0

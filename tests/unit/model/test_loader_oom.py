@@ -20,7 +20,7 @@ def test_is_out_of_memory():
 
 
 @pytest.mark.parametrize("when", ["header", "read"])
-def test_enomem_while_mapping_is_a_memory_error(micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+def test_enomem_while_mapping_is_a_memory_error(scripted_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                  when: str):
     real = loader.safe_open
 
@@ -33,14 +33,14 @@ def test_enomem_while_mapping_is_a_memory_error(micro_model_dir: Path, monkeypat
 
     monkeypatch.setattr(loader, "safe_open", failing)
     with pytest.raises(MemoryError, match="out of memory") as e:
-        load_model(str(micro_model_dir))
+        load_model(str(scripted_model_dir))
     assert "corrupt" not in str(e.value)
 
 
-def test_a_corrupt_file_is_still_a_checkpoint_error(micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_corrupt_file_is_still_a_checkpoint_error(scripted_model_dir: Path, monkeypatch: pytest.MonkeyPatch):
     def corrupt(path, framework, **kw):
         raise RuntimeError("Error while deserializing header: HeaderTooLarge")
 
     monkeypatch.setattr(loader, "safe_open", corrupt)
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
-        load_model(str(micro_model_dir))
+        load_model(str(scripted_model_dir))

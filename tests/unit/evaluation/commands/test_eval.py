@@ -88,7 +88,7 @@ def test_samples_only_generates_without_executing(tmp_path, capsys, model_dir):
     assert len(read_samples(out / "samples_model.jsonl")) == 2
     results = json.loads((out / "results.json").read_text())
     assert "humaneval" not in results
-    assert results["settings"]["model"]["block"] is None  # the micro checkpoint names no block
+    assert results["settings"]["model"]["block"] is None  # the scripted checkpoint names no block
     rc, _, stderr = run_cli(
         capsys, "eval", "--model", str(model_dir), "--limit", "2", "--steps", "2", "--samples-only",
         "--no-baseline", "--block", "1", "--out", str(out), "--no-progress",

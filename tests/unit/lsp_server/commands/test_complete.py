@@ -85,26 +85,31 @@ def test_bad_model_path_is_reported(tmp_path, capsys):
 
 
 def test_complete_json_on_a_checkpoint(tmp_path, capsys, model_dir):
+    """The scripted checkpoint (``model_dir``): "return" after add_numbers' body -> " total"."""
     src = tmp_path / "a.py"
-    src.write_text("def add(a, b):\n    return \n\nprint(add(1, 2))\n")
-    rc, out, err = run_cli(capsys, str(src), "--line", "2", "--col", "12", "--model", str(model_dir),
+    head = "def add_numbers(a, b):\n    total = a + b\n    return "
+    src.write_text(head + "\n\nprint(add_numbers(1, 2))\n")
+    rc, out, err = run_cli(capsys, str(src), "--line", "3", "--col", "12", "--model", str(model_dir),
                            "--steps", "2", "--max-tokens", "8", "--n", "2", "--json")
+    assert rc == 0, err
     data = json.loads(out)
-    assert rc == (0 if data["suggestions"] else 1), err  # what the micro model writes varies
-    assert data["line"] == 2 and data["col"] == 12 and data["offset"] == len("def add(a, b):\n    return ")
+    assert data["line"] == 3 and data["col"] == 12 and data["offset"] == len(head)
     assert data["prefix_tokens"] > 0 and data["suffix_tokens"] > 0
-    assert len(data["suggestions"]) <= 2
-    for s in data["suggestions"]:
-        assert s["text"].strip() and s["text"] == s["text"].rstrip()  # post-processed
+    # both hole lengths (4 and 8) give the same middle: one suggestion
+    assert [s["text"] for s in data["suggestions"]] == ["total"]
     assert data["model"]["family"]
 
 
 def test_complete_plain_output(tmp_path, capsys, model_dir):
     src = tmp_path / "a.py"
-    src.write_text("x = [1, 2, \n")
+    src.write_text("def add_numbers(a, b):\n    total = \n")
+    rc, out, err = run_cli(capsys, str(src), "--line", "2", "--col", "13", "--model", str(model_dir),
+                           "--steps", "2", "--max-tokens", "4")
+    assert (rc, out) == (0, "a + b\n"), err
+    src.write_text("x = [1, 2, \n")  # nothing in the script here
     rc, out, err = run_cli(capsys, str(src), "--line", "1", "--col", "12", "--model", str(model_dir),
                            "--steps", "2", "--max-tokens", "4")
-    assert (rc == 0 and out) or (rc == 1 and not out and "no suggestion" in err), (rc, out, err)
+    assert rc == 1 and out == "" and "no suggestion" in err, (rc, out, err)
 
 
 # --------------------------------------------------------------------------- exit status
