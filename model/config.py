@@ -63,6 +63,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     # Semi-autoregressive block the checkpoint decodes best with (``SamplerConfig.block``;
     # the engine's default sampler uses it). None: plain any-order decoding.
     decode_block: int | None = None
+    # Draft verification bar the checkpoint is tuned for (``SamplerConfig.draft_ratio``; the
+    # engine's default sampler uses it). None: the sampler's default.
+    draft_ratio: float | None = None
     # Free-form provenance/architecture names kept for ``diffill info``.
     architectures: list[str] = []
     torch_dtype: str | None = None
@@ -299,12 +302,15 @@ class DiffillDialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bos_token_id: int
     shift_logits: bool = False
     decode_block: int | None = None
+    draft_ratio: float | None = None
     torch_dtype: str | None = "float32"
     provenance: dict[str, Any] = {}
 
     def to_model_config(self) -> ModelConfig:
         if self.decode_block is not None and self.decode_block < 1:
             raise ConfigError(f"field decode_block must be >= 1 or null, got {self.decode_block}")
+        if self.draft_ratio is not None and not 0.0 <= self.draft_ratio <= 1.0:
+            raise ConfigError(f"field draft_ratio must be in [0, 1] or null, got {self.draft_ratio}")
         return ModelConfig(
             family="diffill",
             vocab_size=self.vocab_size,
@@ -326,6 +332,7 @@ class DiffillDialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             bos_token_id=self.bos_token_id,
             shift_logits=self.shift_logits,
             decode_block=self.decode_block,
+            draft_ratio=self.draft_ratio,
             architectures=list(self.architectures),
             torch_dtype=self.torch_dtype,
         )
@@ -354,6 +361,7 @@ class DiffillDialect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             bos_token_id=cfg.bos_token_id,
             shift_logits=cfg.shift_logits,
             decode_block=cfg.decode_block,
+            draft_ratio=cfg.draft_ratio,
             torch_dtype=cfg.torch_dtype or "float32",
             provenance=provenance or {},
         )

@@ -60,7 +60,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -83,19 +83,23 @@ from .runtime import ensure_cpu_threads
 from .sampler import (
     Canvas,
     DenoiseState,
+    DraftRows,
     EagerSteps,
     Infill,
     InfillCancelled,
     InfillRequest,
     SamplerConfig,
+    SpecialIds,
     Stepper,
     StepSpec,
     batch_rows,
     build_canvas,
     candidate_lengths,
     canvas_length,
+    check_request,
     collect,
     denoise_step,
+    draft_tensor,
     initial_state,
     run_steps,
     stack_canvases,
@@ -127,6 +131,18 @@ def default_lengths(max_tokens: int, candidates: int = 1) -> tuple[int, ...]:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     count = max(DEFAULT_CANDIDATES, candidates)
     return tuple(sorted({max_tokens >> i for i in range(count)} - {0}))
+
+
+MAX_DRAFTS = 4
+"""Drafts verified per request at most (each takes a row of the batch)."""
+
+
+def default_sampler(cfg: Any) -> SamplerConfig:
+    """The decoding a checkpoint recommends: its ``decode_block`` and ``draft_ratio``
+    (config.json), the sampler's defaults otherwise."""
+    sc = SamplerConfig(block=cfg.decode_block)
+    ratio = getattr(cfg, "draft_ratio", None)
+    return sc if ratio is None else dataclasses.replace(sc, draft_ratio=float(ratio))
 
 
 @dataclass(frozen=True)
@@ -176,9 +192,7 @@ class Engine:
         max_steps: int = DEFAULT_MAX_STEPS,
     ) -> None:
         self.lm = lm
-        # default decoding: the checkpoint's recommended block (config.json decode_block)
-        self.sampler = (sampler if sampler is not None
-                        else SamplerConfig(block=lm.config.decode_block))
+        self.sampler = sampler if sampler is not None else default_sampler(lm.config)
         self.options = options if options is not None else EngineOptions()
         #: budget -> steps: the latency budget, the step bounds and the frozen step plan
         self.budget = StepBudget(self.device.type, budget_ms, max_steps=max_steps, plan=plan)
@@ -303,13 +317,17 @@ class Engine:
         temperature: float | None = None,
         seed: int | None = None,
         cancel: Callable[[], bool] | None = None,
+        drafts: Sequence[Sequence[int]] = (),
     ) -> InfillRequest:
         """Validate and resolve defaults; raises ValueError for a bad request.
 
         Hole lengths: ``lengths``, else :func:`default_lengths` of ``max_tokens`` and
         ``candidates``. Steps: ``steps``, else the step plan's for the request's shapes and
         ``budget_ms`` (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
-        ``temperature`` / ``seed`` override the sampler's."""
+        ``temperature`` / ``seed`` override the sampler's. ``drafts`` (token ids of candidate
+        middles to verify, :mod:`.sampler` *Drafts*): the first :data:`MAX_DRAFTS` distinct
+        ones that fit the longest hole with a slot to spare and hold no terminator or mask
+        id; the others are left out (the request's ``drafts`` are the ones kept, in order)."""
         lens = (
             tuple(candidate_lengths(lengths))
             if lengths is not None
@@ -337,7 +355,23 @@ class Engine:
             if self.sampler.threshold is None:
                 changes["threshold"] = threshold
         sc = dataclasses.replace(self.sampler, **changes)
-        return InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel)
+        req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel,
+                            self.usable_drafts(drafts, max(lens)))
+        check_request(cfg, req)
+        return req
+
+    def usable_drafts(self, drafts: Sequence[Sequence[int]], hole: int) -> tuple[tuple[int, ...], ...]:
+        """The drafts :meth:`make_request` keeps for a hole of ``hole`` slots (see there)."""
+        sp = SpecialIds.from_config(self.config)
+        banned = {sp.mask, *sp.terminators}
+        kept: list[tuple[int, ...]] = []
+        for d in drafts:
+            t = tuple(int(i) for i in d)
+            if 0 < len(t) < hole and t not in kept and not banned.intersection(t):
+                kept.append(t)
+            if len(kept) == MAX_DRAFTS:
+                break
+        return tuple(kept)
 
     def infill(
         self,
@@ -352,8 +386,11 @@ class Engine:
         temperature: float | None = None,
         seed: int | None = None,
         cancel: Callable[[], bool] | None = None,
+        drafts: Sequence[Sequence[int]] = (),
     ) -> list[Infill]:
         """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
+        ``drafts``: candidate middles to verify (:meth:`make_request`); a candidate's
+        ``draft`` indexes the drafts kept, in the order given minus those left out.
 
         ``lengths`` (candidate hole lengths) overrides the ones derived from
         ``max_tokens`` and ``candidates``; ``steps`` overrides the step plan's choice for
@@ -365,6 +402,7 @@ class Engine:
         req = self.make_request(
             prefix_ids, suffix_ids, max_tokens=max_tokens, lengths=lengths, candidates=candidates,
             steps=steps, budget_ms=budget_ms, temperature=temperature, seed=seed, cancel=cancel,
+            drafts=drafts,
         )
         return self.submit(req)
 
@@ -420,7 +458,7 @@ class Engine:
             key = self._step_spec(head.req)
             group, rest, rows = [], deque(), 0
             for s in self._queue:
-                n = len(s.req.sampler.lengths)
+                n = len(s.req.row_lengths())
                 if self._step_spec(s.req) == key and (not group or rows + n <= self.options.max_batch_rows):
                     group.append(s)
                     rows += n
@@ -461,11 +499,27 @@ class Engine:
         out: list[list[Infill] | BaseException] = []
         for r in batch:
             try:
-                out.append(infill_dreamon(self.model, self.config, r.prefix_ids, r.suffix_ids,
-                                          r.sampler, r.cancel))
+                out.append(self._dreamon(r))
             except InfillCancelled as e:
                 out.append(e)
         return out
+
+    def _dreamon(self, req: InfillRequest) -> list[Infill]:
+        """DreamOn's decoding of one request. Its drafts are verified first, by the sampler's
+        rule on a fixed canvas of the longest starting length (one forward): a verified
+        draft answers; otherwise DreamOn decodes as usual (a partly accepted draft is not
+        carried over: the hole it would sit in changes length)."""
+        if req.drafts:
+            sc = dataclasses.replace(req.sampler, steps=1, threshold=None,
+                                     lengths=(max(req.sampler.lengths),))
+            (res,) = self._run([dataclasses.replace(req, sampler=sc)])
+            if isinstance(res, InfillCancelled):
+                raise res
+            verified = [c for c in res if c.verified]
+            if verified:
+                return verified
+        return infill_dreamon(self.model, self.config, req.prefix_ids, req.suffix_ids,
+                              req.sampler, req.cancel)
 
     # -- the batched denoising loop -----------------------------------------------------------
     def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:
@@ -476,10 +530,10 @@ class Engine:
         cfg, dev, opts = self.config, self.device, self.options
         spec = self._step_spec(batch[0])
         use_graphs = opts.cuda_graphs and spec.temperature == 0
-        cvs = [build_canvas(cfg, r.prefix_ids, r.suffix_ids, candidate_lengths(r.sampler.lengths), dev)
-               for r in batch]
+        cvs = [build_canvas(cfg, r.prefix_ids, r.suffix_ids, r.row_lengths(), dev) for r in batch]
         cv = stack_canvases(cvs, spec.pad_id, bucket_shape if opts.buckets or use_graphs else None)
         rows = batch_rows(batch, dev).pad_to(cv.ids.shape[0])
+        draft = draft_tensor(rows, batch, cv.hole_pos.shape[1], dev)
         state = initial_state(cv)
         stepper: Stepper
         if use_graphs:
@@ -493,7 +547,7 @@ class Engine:
             stepper = (cached_steps(self.model, cv, spec, refresh_every=opts.refresh_every)
                        if opts.refresh_every > 1 else EagerSteps(self.model, spec))
         out = run_steps(stepper, cv, state, rows, spec, [r.cancel for r in batch],
-                        vocab_size=cfg.vocab_size)
+                        vocab_size=cfg.vocab_size, draft=draft)
         return collect(out, len(batch), spec.terminators)
 
     def _graphs_for(self, cv: Canvas, spec: StepSpec) -> _StepGraphs:
@@ -581,12 +635,14 @@ class _StepGraphs:
 
     # -- Stepper ---------------------------------------------------------------------------
     def step(self, canvas: Canvas, state: DenoiseState, s: int,
-             noise: torch.Tensor | None) -> DenoiseState:
+             noise: torch.Tensor | None, draft: DraftRows | None = None) -> DenoiseState:
         """Step ``s`` on the static buffers (``canvas`` / ``state`` are what :meth:`load`
-        copied in; greedy only, so no noise)."""
+        copied in; greedy only, so no noise). A verification step (``draft``) runs eagerly
+        on the same buffers: it comes once per batch, and capturing it would double the
+        graphs."""
         refresh = self.cache is None or s % self.refresh_every == 0
-        if not self.capture:
-            self._body(refresh)
+        if draft is not None or not self.capture:
+            self._body(refresh, draft)
         else:
             if not self.graphs:
                 self._capture()
@@ -603,12 +659,12 @@ class _StepGraphs:
         return canvas, self.state, list(range(self.state.masked.shape[0]))
 
     # -- graphs ----------------------------------------------------------------------------
-    def _body(self, refresh: bool) -> None:
+    def _body(self, refresh: bool, draft: DraftRows | None = None) -> None:
         fwd: Any = self.model
         if self.cache is not None:
             self.cache.force_refresh = refresh
             fwd = self.cache
-        new = denoise_step(fwd, self.cv, self.state, self.steps_left, self.spec)
+        new = denoise_step(fwd, self.cv, self.state, self.steps_left, self.spec, None, draft)
         for dst, src in zip(self.state, new, strict=True):
             dst.copy_(src)
         self.steps_left.sub_(1)

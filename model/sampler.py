@@ -133,10 +133,48 @@ One loop, :func:`run_steps`, serves :func:`infill`, the dual-cache sampler
   freezes rows instead of dropping them).
 * :func:`collect` turns the final state into each request's ranked candidates.
 
-What comes next plugs in there: a row whose slots start pre-filled (a draft to verify)
-is an initial :class:`DenoiseState` with those slots unmasked; a family's own terminators
-and filler token come in through :meth:`StepSpec.of`'s ``special``; a decoder whose hole
-grows or shrinks between steps reuses :func:`build_canvas` and :func:`denoise_step`.
+A family's own terminators and filler token come in through :meth:`StepSpec.of`'s
+``special``; a decoder whose hole grows or shrinks between steps reuses
+:func:`build_canvas` and :func:`denoise_step` (:mod:`diffill.model.dreamon`).
+
+Drafts (draft and verify)
+-------------------------
+A request may carry *drafts*: candidate middles (token ids) proposed by something cheaper
+than the model -- text copied from elsewhere in the buffer, a rule, an earlier suggestion
+(:mod:`diffill.lsp_server.drafts` proposes them). Each draft ``d`` of ``m`` tokens gets one
+more row in the same batch, of the longest candidate length ``n >= m + 1``, all masked like
+any other row. Step 0 is also the draft's *verification*: from that one forward, slot
+``j < m`` agrees with the draft when ``log p(d_j) >= log p(top_j) + log(draft_ratio)``
+(``SamplerConfig.draft_ratio``; ``p`` the untempered marginal of the all-masked slot,
+``top_j`` its likeliest token), and slot ``m`` agrees when the likeliest terminator clears
+the same bar (the model must also accept that the middle ends there). The *accepted run* is
+the agreeing slots from slot 0 to the first one that disagrees; those slots are committed
+with the draft's tokens (slot ``m`` with that terminator), on top of what the step's normal
+selection commits in that row, and the row goes on as any other. So:
+
+* a draft accepted with its end (run ``m + 1``) is *verified*: its row is complete after one
+  step. The loop reads the draft rows' outcome once after step 0 (one host sync), and a
+  request with a verified draft is finished there: its other rows are let go and it is
+  answered by its verified drafts (``Infill.verified``, ``steps == 1``), ranked by score.
+* a partly accepted draft keeps its accepted run and the rest is denoised as usual, so it
+  needs fewer steps of its own;
+* a rejected draft costs its row in the batch and nothing else.
+
+Why this rule. A masked-diffusion model cannot score a token it sees, so checking a draft
+the way an autoregressive model does (one position at a time, each seeing the ones
+before) would take ``m`` forwards; all slots masked, one forward gives the marginal of
+every slot at once. The bar is relative to the slot's top token (a draft token that is the
+model's own first choice always passes, whatever the entropy), the run is from the hole's
+start (a later token agreeing after an earlier one disagreed is not evidence for the
+draft) and the end must pass too (otherwise a draft that is right but incomplete would be
+committed as the whole middle). ``draft_ratio`` = 1 accepts only the model's own argmax;
+small values accept what the model merely finds plausible: the candidates are then ranked
+by the same score as every other candidate, so the model still chooses *between* drafts.
+The checkpoint may set it (``draft_ratio`` in a diffill config.json; the shipped model's
+value and why: BENCHMARKS.md, *Draft and verify*). Scores stay comparable: the committed
+draft tokens record their verification-step log-probs, exactly as slots the model commits
+itself. :func:`infill_reference` verifies each draft alone, step by step, with the same
+rule; the tests hold the batched path to it.
 
 Randomness
 ----------
@@ -153,7 +191,7 @@ import enum
 import math
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -179,6 +217,7 @@ class SamplerConfig:
     lengths: tuple[int, ...] = (16,)  # candidate hole lengths, batched, ranked by model score
     absorb_pad: bool = True  # once a pad/EOS is committed at slot j, the rest of the hole is pad
     block: int | None = None  # semi-autoregressive block size (None: any order), see module doc
+    draft_ratio: float = 0.1  # a draft token is accepted when p(token) >= draft_ratio * p(top)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -191,6 +230,8 @@ class SamplerConfig:
             raise ValueError(f"SamplerConfig.temperature must be >= 0, got {self.temperature}")
         if self.block is not None and int(self.block) < 1:
             raise ValueError(f"SamplerConfig.block must be >= 1 or None, got {self.block}")
+        if not 0.0 <= self.draft_ratio <= 1.0:
+            raise ValueError(f"SamplerConfig.draft_ratio must be in [0, 1], got {self.draft_ratio}")
         if not isinstance(self.strategy, Strategy):
             object.__setattr__(self, "strategy", Strategy(self.strategy))
 
@@ -205,6 +246,9 @@ class Infill:
     length: int  # hole length n of the canvas it came from
     score: float  # ranking score, higher is better (mean commit-time log-prob, see module doc)
     steps: int  # steps actually run for this candidate
+    draft: int | None = None  # index of the request's draft this row verified (None: model only)
+    accepted: int = 0  # draft tokens the verification step accepted (from the hole's start)
+    verified: bool = False  # the whole draft and the end of the middle were accepted
 
 
 # --------------------------------------------------------------------------- helpers
@@ -293,9 +337,10 @@ def _model_device(model: Any) -> torch.device:
     return torch.device(getattr(model, "device", "cpu"))
 
 
-def seed_for(seed: int, n: int) -> int:
-    """Per-candidate generator seed: depends on the request seed and the hole length only."""
-    return (seed * 1_000_003 + n * 7919) % (2**63 - 1)
+def seed_for(seed: int, n: int, draft: int = -1) -> int:
+    """Per-candidate generator seed: depends on the request seed, the hole length and the
+    draft the row verifies (-1: none) only."""
+    return (seed * 1_000_003 + n * 7919 + (draft + 1) * 104_729) % (2**63 - 1)
 
 
 def _gumbel(u: torch.Tensor) -> torch.Tensor:
@@ -400,6 +445,7 @@ class StepSpec:
     block: int | None = None
     total_steps: int = 8
     select_impl: str | None = None
+    draft_ratio: float = 0.1
 
     @classmethod
     def of(cls, cfg: ModelConfig, sc: SamplerConfig, *, select_impl: str | None = None,
@@ -409,7 +455,7 @@ class StepSpec:
         sp = special if special is not None else SpecialIds.from_config(cfg)
         return cls(sp.mask, sp.pad, sp.terminators, cfg.shift_logits, sc.strategy,
                    None if sc.threshold is None else float(sc.threshold), sc.temperature,
-                   sc.absorb_pad, sc.block, sc.steps, select_impl)
+                   sc.absorb_pad, sc.block, sc.steps, select_impl, float(sc.draft_ratio))
 
     def loop_steps(self, longest_hole: int) -> int:
         """Steps the loop runs: all of them in threshold mode (it may stop early), else
@@ -516,6 +562,46 @@ def fused_select_unmask() -> Callable[..., Any]:
     return select_unmask
 
 
+class DraftRows(NamedTuple):
+    """The drafts of a batch, one per canvas row: tokens [L, N] long (the draft in slots
+    ``0 .. m-1``; anything after), length [L] long (``m``; -1 for a row with no draft)."""
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+
+    def rows(self, idx: torch.Tensor) -> DraftRows:
+        return DraftRows(self.tokens[idx], self.length[idx])
+
+
+def verify_drafts(logits: torch.Tensor, draft: DraftRows, spec: StepSpec
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verification rule (module doc, *Drafts*) on one step's logits [L, N, V] (fp32,
+    mask id -inf) of canvases whose hole is all masked.
+
+    Slot ``j < m`` agrees when ``log p(d_j) >= log p(top_j) + log(draft_ratio)``; slot ``m``
+    (the end of the middle) when the likeliest terminator clears the same bar. The accepted
+    run is the agreeing slots from slot 0 up to the first disagreeing one. Returns (sel [L, N]
+    bool: the run's slots of draft rows, tok [L, N]: the draft tokens and at slot ``m`` the
+    likeliest terminator, logp [L, N]: their log-probs)."""
+    logp_all = torch.log_softmax(logits, dim=-1)
+    top = logp_all.max(-1).values  # [L, N]
+    bar = top + (math.log(spec.draft_ratio) if spec.draft_ratio > 0 else float("-inf"))
+    L, N = top.shape
+    slot = torch.arange(N, device=logits.device)[None, :]
+    m = draft.length[:, None]  # [L, 1]
+    d = torch.where(slot < m, draft.tokens, torch.zeros_like(draft.tokens)).clamp_min(0)
+    lp_d = logp_all.gather(-1, d[..., None])[..., 0]
+    terms = torch.tensor(spec.terminators, device=logits.device)
+    lp_terms = logp_all.index_select(-1, terms)  # [L, N, K]
+    lp_end, which = lp_terms.max(-1)  # ties: the first terminator listed
+    tok = torch.where(slot < m, d, terms[which])
+    lp = torch.where(slot < m, lp_d, lp_end)
+    agree = (lp >= bar) & (slot <= m)
+    run = agree.long().cumprod(1).sum(1)  # [L] slots accepted from slot 0
+    sel = (slot < run[:, None]) & (m >= 0)
+    return sel, tok, lp
+
+
 def denoise_step(
     model: Any,
     canvas: Canvas,
@@ -523,6 +609,7 @@ def denoise_step(
     steps_left: int | torch.Tensor,
     spec: StepSpec,
     noise: torch.Tensor | None = None,
+    draft: DraftRows | None = None,
 ) -> DenoiseState:
     """One refinement step over the whole batch; pure (returns a new state).
 
@@ -530,6 +617,8 @@ def denoise_step(
     head(hidden [..., D]) -> logits [..., V]. noise: [L, N, V] uniform in [0, 1) when
     ``spec.temperature`` > 0 (at temperature > 0 the torch selection below always runs,
     whatever ``spec.select_impl`` says). ``steps_left``: an int, or [L] long (CUDA graphs).
+    ``draft``: the first step of rows that verify a draft (module doc, *Drafts*): such a
+    row also commits the draft's accepted run (the torch selection runs).
     No host synchronisation.
     """
     ids, masked, logp, steps = state
@@ -545,7 +634,7 @@ def denoise_step(
         elig, k = block_schedule(masked, canvas.valid, steps_left, spec.block, spec.total_steps,
                                  fixed=spec.threshold is None)
     hole = ids.gather(1, canvas.hole_pos)
-    if spec.select_impl is not None and spec.temperature == 0:
+    if spec.select_impl is not None and spec.temperature == 0 and draft is None:
         L, N = masked.shape
         new_masked = elig.clone()
         res = fused_select_unmask()(  # the logits in the model's dtype, read once
@@ -567,6 +656,12 @@ def denoise_step(
             1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
         )
         sel = (rank < k[:, None]) & elig  # [L, N]
+        if draft is not None:  # the draft's accepted run is committed too, as the draft wrote it
+            dsel, dtok, dlp = verify_drafts(logits, draft, spec)
+            dsel &= masked
+            sel |= dsel
+            tok = torch.where(dsel, dtok, tok)
+            tok_logp = torch.where(dsel, dlp, tok_logp)
         hole = torch.where(sel, tok, hole)
         logp = torch.where(sel, tok_logp, logp)
         masked = masked & ~sel
@@ -590,48 +685,92 @@ def denoise_step(
 
 @dataclass
 class InfillRequest:
-    """One request as the decode loop (and the engine's batching) sees it."""
+    """One request as the decode loop (and the engine's batching) sees it. ``drafts``:
+    candidate middles (token ids, no terminator) to verify (module doc, *Drafts*); each
+    takes one more row of the longest candidate length."""
 
     prefix_ids: list[int]
     suffix_ids: list[int]
     sampler: SamplerConfig
     cancel: Callable[[], bool] | None = None
+    drafts: tuple[tuple[int, ...], ...] = ()
+
+    def row_lengths(self) -> list[int]:
+        """The hole length of each of the request's rows: the candidate lengths, then one
+        row of the longest per draft."""
+        lengths = candidate_lengths(self.sampler.lengths)
+        return lengths + [max(lengths)] * len(self.drafts)
 
 
 @dataclass
 class Rows:
     """Per canvas row of a batch: the request it belongs to (-1: a filler row that pads the
-    batch to a shape bucket), its hole length (0 for filler) and its noise generator
-    (temperature > 0). :meth:`take` keeps them in step with the canvas when rows go."""
+    batch to a shape bucket, or a row let go under a stepper that keeps every row), its hole
+    length (0 for filler), its noise generator (temperature > 0), the request's draft it
+    verifies (-1: none) and how many draft tokens were accepted. :meth:`take` keeps them in
+    step with the canvas when rows go."""
 
     owner: list[int]
     length: list[int]
     gen: list[torch.Generator | None]
+    draft: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    verified: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.owner)
+        self.draft = self.draft or [-1] * n
+        self.accepted = self.accepted or [0] * n
+        self.verified = self.verified or [False] * n
 
     def take(self, keep: Sequence[int]) -> Rows:
-        return Rows([self.owner[r] for r in keep], [self.length[r] for r in keep],
-                    [self.gen[r] for r in keep])
+        return Rows(*([col[r] for r in keep] for col in (
+            self.owner, self.length, self.gen, self.draft, self.accepted, self.verified)))
 
     def pad_to(self, L: int) -> Rows:
         n = L - len(self.owner)
-        return Rows(self.owner + [-1] * n, self.length + [0] * n, self.gen + [None] * n)
+        return Rows(self.owner + [-1] * n, self.length + [0] * n, self.gen + [None] * n,
+                    self.draft + [-1] * n, self.accepted + [0] * n, self.verified + [False] * n)
 
 
 def batch_rows(requests: Sequence[InfillRequest], device: torch.device | str) -> Rows:
-    """The rows of ``requests`` in order (one per candidate length of each), with the noise
-    generators seeded per (request seed, hole length) when the request samples."""
+    """The rows of ``requests`` in order (:meth:`InfillRequest.row_lengths` of each), with
+    the noise generators seeded per (request seed, hole length, draft) when the request
+    samples."""
     rows = Rows([], [], [])
     for i, req in enumerate(requests):
         sc = req.sampler
         seed = None
         if sc.temperature > 0:
             seed = sc.seed if sc.seed is not None else secrets.randbits(62)
-        for n in candidate_lengths(sc.lengths):
+        lengths = req.row_lengths()
+        n_model = len(lengths) - len(req.drafts)
+        for r, n in enumerate(lengths):
+            d = r - n_model if r >= n_model else -1
             rows.owner.append(i)
             rows.length.append(n)
+            rows.draft.append(d)
+            rows.accepted.append(0)
+            rows.verified.append(False)
             rows.gen.append(None if seed is None else
-                            torch.Generator(device=device).manual_seed(seed_for(seed, n)))
+                            torch.Generator(device=device).manual_seed(seed_for(seed, n, d)))
     return rows
+
+
+def draft_tensor(rows: Rows, requests: Sequence[InfillRequest], N: int,
+                 device: torch.device | str) -> DraftRows | None:
+    """The batch's :class:`DraftRows` (None when no row verifies a draft)."""
+    if all(d < 0 for d in rows.draft):
+        return None
+    L = len(rows.owner)
+    tokens = torch.zeros((L, N), dtype=torch.long)
+    length = torch.full((L,), -1, dtype=torch.long)
+    for r, (o, d) in enumerate(zip(rows.owner, rows.draft, strict=True)):
+        if d >= 0:
+            ids = requests[o].drafts[d]
+            tokens[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            length[r] = len(ids)
+    return DraftRows(tokens.to(device), length.to(device))
 
 
 def stack_canvases(cvs: Sequence[Canvas], pad_id: int,
@@ -654,8 +793,9 @@ class Stepper(Protocol):
     replay is another."""
 
     def step(self, canvas: Canvas, state: DenoiseState, s: int,
-             noise: torch.Tensor | None) -> DenoiseState:
-        """Step ``s`` (0-based) of ``canvas`` from ``state``."""
+             noise: torch.Tensor | None, draft: DraftRows | None = None) -> DenoiseState:
+        """Step ``s`` (0-based) of ``canvas`` from ``state`` (``draft``: the verification
+        step of the rows that carry a draft, step 0 only)."""
         ...
 
     def drop(self, canvas: Canvas, state: DenoiseState,
@@ -677,8 +817,9 @@ class EagerSteps:
         self.on_drop = on_drop
 
     def step(self, canvas: Canvas, state: DenoiseState, s: int,
-             noise: torch.Tensor | None) -> DenoiseState:
-        return denoise_step(self.forward, canvas, state, self.spec.total_steps - s, self.spec, noise)
+             noise: torch.Tensor | None, draft: DraftRows | None = None) -> DenoiseState:
+        return denoise_step(self.forward, canvas, state, self.spec.total_steps - s, self.spec,
+                            noise, draft)
 
     def drop(self, canvas: Canvas, state: DenoiseState,
              keep: list[int]) -> tuple[Canvas, DenoiseState, list[int]]:
@@ -700,7 +841,8 @@ class Decoded:
 
 
 def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows, spec: StepSpec,
-              cancels: Sequence[Callable[[], bool] | None], *, vocab_size: int) -> Decoded:
+              cancels: Sequence[Callable[[], bool] | None], *, vocab_size: int,
+              draft: DraftRows | None = None) -> Decoded:
     """THE decode loop, shared by :func:`infill`, the dual-cache sampler and the engine.
 
     Before each step every live request's ``cancels[i]()`` is asked; a cancelled request's
@@ -708,6 +850,11 @@ def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows,
     draws its ``[n, V]`` uniform noise from its own generator. The loop runs
     ``spec.loop_steps`` steps; in threshold mode it stops once nothing is masked, its only
     host synchronisation.
+
+    ``draft`` (rows verifying drafts): step 0 is their verification step; then one host
+    synchronisation reads what each draft row accepted, a request with a fully accepted
+    draft is finished (its other rows are let go) and the loop stops if nothing is left
+    masked.
     """
     live = sorted({o for o in rows.owner if o >= 0})
     cancelled: dict[int, InfillCancelled] = {}
@@ -715,6 +862,22 @@ def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows,
     if spec.temperature > 0:  # rows' unused slots keep zeros (never selected)
         L, N = canvas.valid.shape
         noise = torch.zeros((L, N, vocab_size), dtype=torch.float32, device=state.ids.device)
+
+    def let_go(keep: list[int]) -> None:
+        nonlocal canvas, state, rows, noise, draft
+        canvas, state, kept = stepper.drop(canvas, state, keep)
+        wanted = set(keep)
+        if len(kept) < len(rows.owner):
+            idx = torch.tensor(kept, device=state.ids.device)
+            if noise is not None:
+                noise = noise[idx]
+            if draft is not None:
+                draft = draft.rows(idx)
+        rows = rows.take(kept)
+        for r, k in enumerate(kept):  # a stepper that keeps every row freezes the others
+            if k not in wanted:
+                rows.owner[r] = -1
+
     for s in range(spec.loop_steps(max(rows.length, default=0))):
         gone = [i for i in live if cancels[i] is not None and cancels[i]()]
         if gone:
@@ -723,36 +886,75 @@ def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows,
             live = [i for i in live if i not in gone]
             if not live:
                 break
-            keep = [r for r, o in enumerate(rows.owner) if o in live]
-            canvas, state, kept = stepper.drop(canvas, state, keep)
-            if len(kept) < len(rows.owner):
-                if noise is not None:
-                    noise = noise[torch.tensor(kept, device=noise.device)]
-                rows = rows.take(kept)
+            let_go([r for r, o in enumerate(rows.owner) if o in live])
         if noise is not None:
             for r, g in enumerate(rows.gen):
                 if g is not None:
                     n = rows.length[r]
                     noise[r, :n] = torch.rand((n, vocab_size), generator=g, device=noise.device)
-        state = stepper.step(canvas, state, s, noise)
+        verifying = draft if s == 0 else None
+        state = stepper.step(canvas, state, s, noise, verifying)
+        if verifying is not None:
+            # the one host synchronisation of the draft rows: what each one accepted
+            acc, ver = draft_outcome(canvas, state, verifying, spec.terminators)
+            acc_l, ver_l = acc.tolist(), ver.tolist()
+            finished = set()
+            for r, d in enumerate(rows.draft):
+                if d >= 0 and rows.owner[r] >= 0:
+                    rows.accepted[r], rows.verified[r] = acc_l[r], ver_l[r]
+                    if ver_l[r]:
+                        finished.add(rows.owner[r])
+            if finished:  # the verified drafts are the answer: the other rows go
+                let_go([r for r, o in enumerate(rows.owner)
+                        if o >= 0 and (o not in finished or rows.verified[r])])
+                if not any(o >= 0 and o not in finished for o in rows.owner):
+                    break
         # the one host synchronisation of the loop (threshold mode only)
         if spec.threshold is not None and not bool(state.masked.any()):
             break
     return Decoded(canvas, state, rows, cancelled)
 
 
+def draft_outcome(canvas: Canvas, state: DenoiseState, draft: DraftRows,
+                  terminators: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """After the verification step: per row, the draft tokens accepted from slot 0 (the
+    leading committed slots that hold the draft) [L] long, and whether the draft was
+    verified -- all of it committed and a terminator committed right after it [L] bool."""
+    hole = state.ids.gather(1, canvas.hole_pos)
+    N = hole.shape[1]
+    slot = torch.arange(N, device=hole.device)[None, :]
+    m = draft.length[:, None]
+    done = ~state.masked & canvas.valid
+    same = done & (hole == draft.tokens) & (slot < m)
+    accepted = same.long().cumprod(1).sum(1)
+    is_term = torch.zeros_like(done)
+    for t in terminators:
+        is_term |= hole == t
+    end = (done & is_term & (slot == m)).any(1)
+    verified = (draft.length >= 0) & (accepted == draft.length) & end
+    return accepted, verified
+
+
 def collect(out: Decoded, n_requests: int, terminators: tuple[int, ...], *,
             dedup: bool = True) -> list[list[Infill] | InfillCancelled]:
     """Per request: its candidates, best first (one host transfer for the whole batch), or
-    the :class:`InfillCancelled` it ended with."""
+    the :class:`InfillCancelled` it ended with. A request with a fully accepted draft keeps
+    only its verified drafts (the loop let its other rows go after step 0)."""
     hole = out.state.ids.gather(1, out.canvas.hole_pos).tolist()
     logp = out.state.logp.tolist()
     steps = out.state.steps.tolist()
     cands: list[list[Infill]] = [[] for _ in range(n_requests)]
-    for r, (o, n) in enumerate(zip(out.rows.owner, out.rows.length, strict=True)):
+    rows = out.rows
+    for r, (o, n) in enumerate(zip(rows.owner, rows.length, strict=True)):
         if o >= 0 and o not in out.cancelled:
             mid, score = trim_middle(hole[r][:n], logp[r][:n], terminators)
-            cands[o].append(Infill(ids=mid, length=n, score=score, steps=int(steps[r])))
+            d = rows.draft[r]
+            # a verified draft took one step (with absorb_pad off its row may have decoded
+            # slots after its end meanwhile; trimming drops them)
+            cands[o].append(Infill(ids=mid, length=n, score=score,
+                                   steps=1 if rows.verified[r] else int(steps[r]),
+                                   draft=None if d < 0 else d, accepted=rows.accepted[r],
+                                   verified=rows.verified[r]))
     return [out.cancelled[i] if i in out.cancelled
             else rank_candidates(cands[i], list(range(len(cands[i]))), dedup)
             for i in range(n_requests)]
@@ -768,13 +970,14 @@ def decode(model: Any, cfg: ModelConfig, requests: Sequence[InfillRequest], *,
     spec = StepSpec.of(cfg, requests[0].sampler, select_impl=select_impl)
     device = _model_device(model)
     for r in requests:
-        _check_request(cfg, r.prefix_ids, r.suffix_ids)
-    cvs = [build_canvas(cfg, r.prefix_ids, r.suffix_ids, candidate_lengths(r.sampler.lengths), device)
-           for r in requests]
+        check_request(cfg, r)
+    cvs = [build_canvas(cfg, r.prefix_ids, r.suffix_ids, r.row_lengths(), device) for r in requests]
     cv = stack_canvases(cvs, spec.pad_id)
     steps = stepper(cv, spec) if stepper is not None else EagerSteps(model, spec)
-    out = run_steps(steps, cv, initial_state(cv), batch_rows(requests, device), spec,
-                    [r.cancel for r in requests], vocab_size=cfg.vocab_size)
+    rows = batch_rows(requests, device)
+    out = run_steps(steps, cv, initial_state(cv), rows, spec, [r.cancel for r in requests],
+                    vocab_size=cfg.vocab_size,
+                    draft=draft_tensor(rows, requests, cv.hole_pos.shape[1], device))
     return collect(out, len(requests), spec.terminators, dedup=dedup)
 
 
@@ -804,9 +1007,22 @@ def rank_candidates(cands: list[Infill], order: list[int], dedup: bool) -> list[
     return out
 
 
-def _check_request(cfg: ModelConfig, prefix_ids: Sequence[int], suffix_ids: Sequence[int]) -> None:
-    _check_ids(prefix_ids, cfg.vocab_size, "prefix_ids")
-    _check_ids(suffix_ids, cfg.vocab_size, "suffix_ids")
+def check_request(cfg: ModelConfig, req: InfillRequest) -> None:
+    """Token ids inside the vocabulary; drafts non-empty, free of terminators and the mask
+    id, and short enough to leave the end of the middle a slot. Raises ValueError."""
+    _check_ids(req.prefix_ids, cfg.vocab_size, "prefix_ids")
+    _check_ids(req.suffix_ids, cfg.vocab_size, "suffix_ids")
+    if not req.drafts:
+        return
+    sp = SpecialIds.from_config(cfg)
+    n = max(candidate_lengths(req.sampler.lengths))
+    for i, d in enumerate(req.drafts):
+        _check_ids(d, cfg.vocab_size, f"drafts[{i}]")
+        if not d or len(d) + 1 > n:
+            raise ValueError(f"drafts[{i}] has {len(d)} tokens; a draft needs 1 to {n - 1} "
+                             f"(the longest hole is {n} slots, one for the end of the middle)")
+        if any(t == sp.mask or t in sp.terminators for t in d):
+            raise ValueError(f"drafts[{i}] holds the mask id or a terminator")
 
 
 @torch.inference_mode()
@@ -820,15 +1036,17 @@ def infill(
     *,
     dedup: bool = True,
     select_impl: str | None = None,
+    drafts: Sequence[Sequence[int]] = (),
 ) -> list[Infill]:
     """Fill the hole between prefix and suffix; best candidate first (see module doc).
 
-    All candidate lengths run in one batch, one forward per step (:func:`run_steps`).
+    All candidate lengths (and one row per draft in ``drafts``, module doc *Drafts*) run in
+    one batch, one forward per step (:func:`run_steps`).
     Raises :class:`InfillCancelled` if ``cancel()`` returns True before a step.
     ``select_impl``: see :class:`StepSpec` (None: the plain torch step).
     """
-    (res,) = decode(model, cfg, [InfillRequest(prefix_ids, suffix_ids, sc, cancel)],
-                    select_impl=select_impl, dedup=dedup)
+    req = InfillRequest(prefix_ids, suffix_ids, sc, cancel, tuple(tuple(d) for d in drafts))
+    (res,) = decode(model, cfg, [req], select_impl=select_impl, dedup=dedup)
     if isinstance(res, InfillCancelled):
         raise res
     return res
@@ -847,75 +1065,115 @@ def infill_reference(
     cancel: Callable[[], bool] | None = None,
     *,
     dedup: bool = True,
+    drafts: Sequence[Sequence[int]] = (),
 ) -> list[Infill]:
-    """Slow, obviously correct version of :func:`infill`: one candidate at a time,
-    a full forward (full-vocabulary logits at every position) per step, Python
-    loops over slots. Same rules, same results."""
+    """Slow, obviously correct version of :func:`infill`: one candidate at a time (each
+    draft verified alone), a full forward (full-vocabulary logits at every position) per
+    step, Python loops over slots. Same rules, same results."""
+    req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel,
+                        tuple(tuple(d) for d in drafts))
+    check_request(cfg, req)
+    seed = sc.seed if sc.seed is not None else secrets.randbits(62)
+    lengths = req.row_lengths()
+    n_model = len(lengths) - len(req.drafts)
+    cands = [_reference_row(model, cfg, req, n, seed, r - n_model if r >= n_model else -1)
+             for r, n in enumerate(lengths)]
+    verified = [c for c in cands if c.verified]
+    if verified:  # a request with a verified draft is answered by its verified drafts
+        cands = verified
+    return rank_candidates(cands, list(range(len(cands))), dedup)
+
+
+def _reference_row(model: Any, cfg: ModelConfig, req: InfillRequest, n: int, seed: int,
+                   d: int) -> Infill:
+    """One candidate of :func:`infill_reference`: hole length ``n``, verifying draft ``d``
+    (-1: none) at its first step."""
+    sc, cancel = req.sampler, req.cancel
     sp = SpecialIds.from_config(cfg)
-    lengths = candidate_lengths(sc.lengths)
-    _check_request(cfg, prefix_ids, suffix_ids)
     device = _model_device(model)
     V = cfg.vocab_size
-    seed = sc.seed if sc.seed is not None else secrets.randbits(62)
-    cands: list[Infill] = []
-    for n in lengths:
-        head = canvas_start(cfg, len(prefix_ids)) + list(prefix_ids)
-        tail = list(suffix_ids) + list(sp.end)
-        canvas = head + [sp.mask] * n + tail
-        s0 = len(head)
-        masked = [True] * n
-        logps = [0.0] * n
-        gen = torch.Generator(device=device).manual_seed(seed_for(seed, n))
-        steps_run = 0
-        for s in range(sc.steps):
-            if cancel is not None and cancel():
-                raise InfillCancelled(f"infill cancelled before step {s + 1}")
-            noise = None
-            if sc.temperature > 0:
-                noise = torch.rand((n, V), generator=gen, device=device)
-            rem = sum(masked)
-            if rem == 0:
+    draft = list(req.drafts[d]) if d >= 0 else None
+    head = canvas_start(cfg, len(req.prefix_ids)) + list(req.prefix_ids)
+    tail = list(req.suffix_ids) + list(sp.end)
+    canvas = head + [sp.mask] * n + tail
+    s0 = len(head)
+    masked = [True] * n
+    logps = [0.0] * n
+    gen = torch.Generator(device=device).manual_seed(seed_for(seed, n, d))
+    steps_run = 0
+    accepted, verified = 0, False
+    for s in range(sc.steps):
+        if cancel is not None and cancel():
+            raise InfillCancelled(f"infill cancelled before step {s + 1}")
+        noise = None
+        if sc.temperature > 0:
+            noise = torch.rand((n, V), generator=gen, device=device)
+        rem = sum(masked)
+        if rem == 0:
+            break
+        steps_run += 1
+        logits_all = model(torch.tensor([canvas], device=device))[0].float()  # [T, V]
+        preds: dict[int, tuple[int, float, float]] = {}
+        full: dict[int, torch.Tensor] = {}
+        for j in range(n):
+            if not masked[j]:
+                continue
+            pos = s0 + j - 1 if cfg.shift_logits else s0 + j
+            lg = logits_all[pos].clone()
+            lg[sp.mask] = float("-inf")
+            full[j] = torch.log_softmax(lg, dim=-1)
+            tok, score, lp = token_scores(
+                lg, sc.strategy, sc.temperature, None if noise is None else noise[j]
+            )
+            preds[j] = (int(tok), float(score), float(lp))
+        if sc.block is None:
+            k = math.ceil(rem / (sc.steps - s))
+        else:  # blocks 0..cur are eligible and due by the end of step deadline - 1
+            S = sc.steps if sc.threshold is not None else min(sc.steps, n)
+            nb = math.ceil(n / sc.block)
+            first = min(preds)  # a block finished early (threshold) hands over at once
+            cur = min(max(math.ceil((s + 1) * nb / S) - 1, first // sc.block), nb - 1)
+            deadline = (cur + 1) * S // nb
+            preds = {j: p for j, p in preds.items() if j < (cur + 1) * sc.block}
+            k = math.ceil(len(preds) / max(1, deadline - s))
+        if sc.threshold is not None:
+            k = max(k, sum(1 for p in preds.values() if p[1] > sc.threshold))
+        ranked = sorted(preds, key=lambda j: (-preds[j][1], j))
+        commit = {j: preds[j] for j in ranked[:k]}
+        if draft is not None and s == 0:  # the draft's accepted run, as the draft wrote it
+            bar = math.log(sc.draft_ratio) if sc.draft_ratio > 0 else float("-inf")
+            for j in range(min(len(draft) + 1, n)):
+                lp = full[j]
+                if j < len(draft):
+                    tok, lpt = draft[j], float(lp[draft[j]])
+                else:
+                    tok = max(sp.terminators, key=lambda t: (float(lp[t]), -sp.terminators.index(t)))
+                    lpt = float(lp[tok])
+                if not lpt >= float(lp.max()) + bar:
+                    break
+                commit[j] = (tok, 0.0, lpt)
+        for j, (tok, _, lp) in commit.items():
+            canvas[s0 + j] = tok
+            logps[j] = lp
+            masked[j] = False
+        if sc.absorb_pad:
+            first = next(
+                (j for j in range(n) if not masked[j] and canvas[s0 + j] in sp.terminators),
+                None,
+            )
+            if first is not None:
+                for j in range(first + 1, n):
+                    canvas[s0 + j] = sp.pad
+                    logps[j] = 0.0
+                    masked[j] = False
+        if draft is not None and s == 0:
+            hole = canvas[s0 : s0 + n]
+            while accepted < len(draft) and not masked[accepted] and hole[accepted] == draft[accepted]:
+                accepted += 1
+            m = len(draft)
+            verified = accepted == m and not masked[m] and hole[m] in sp.terminators
+            if verified:
                 break
-            steps_run += 1
-            logits_all = model(torch.tensor([canvas], device=device))[0].float()  # [T, V]
-            preds: dict[int, tuple[int, float, float]] = {}
-            for j in range(n):
-                if not masked[j]:
-                    continue
-                pos = s0 + j - 1 if cfg.shift_logits else s0 + j
-                lg = logits_all[pos].clone()
-                lg[sp.mask] = float("-inf")
-                tok, score, lp = token_scores(
-                    lg, sc.strategy, sc.temperature, None if noise is None else noise[j]
-                )
-                preds[j] = (int(tok), float(score), float(lp))
-            if sc.block is None:
-                k = math.ceil(rem / (sc.steps - s))
-            else:  # blocks 0..cur are eligible and due by the end of step deadline - 1
-                S = sc.steps if sc.threshold is not None else min(sc.steps, n)
-                nb = math.ceil(n / sc.block)
-                first = min(preds)  # a block finished early (threshold) hands over at once
-                cur = min(max(math.ceil((s + 1) * nb / S) - 1, first // sc.block), nb - 1)
-                deadline = (cur + 1) * S // nb
-                preds = {j: p for j, p in preds.items() if j < (cur + 1) * sc.block}
-                k = math.ceil(len(preds) / max(1, deadline - s))
-            if sc.threshold is not None:
-                k = max(k, sum(1 for p in preds.values() if p[1] > sc.threshold))
-            ranked = sorted(preds, key=lambda j: (-preds[j][1], j))
-            for j in ranked[:k]:
-                canvas[s0 + j] = preds[j][0]
-                logps[j] = preds[j][2]
-                masked[j] = False
-            if sc.absorb_pad:
-                first = next(
-                    (j for j in range(n) if not masked[j] and canvas[s0 + j] in sp.terminators),
-                    None,
-                )
-                if first is not None:
-                    for j in range(first + 1, n):
-                        canvas[s0 + j] = sp.pad
-                        logps[j] = 0.0
-                        masked[j] = False
-        mid, score = trim_middle(canvas[s0 : s0 + n], logps, sp.terminators)
-        cands.append(Infill(ids=mid, length=n, score=score, steps=steps_run))
-    return rank_candidates(cands, list(range(len(lengths))), dedup)
+    mid, score = trim_middle(canvas[s0 : s0 + n], logps, sp.terminators)
+    return Infill(ids=mid, length=n, score=score, steps=steps_run,
+                  draft=None if d < 0 else d, accepted=accepted, verified=verified)

@@ -46,6 +46,7 @@ def model_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
         "tied_embeddings": cfg.tie_embeddings,
         "shift_logits": cfg.shift_logits,
         "decode_block": cfg.decode_block,
+        "draft_ratio": cfg.draft_ratio,
         "files": [p.name for p in lm.files],
     }
 
