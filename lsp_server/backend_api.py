@@ -6,7 +6,7 @@ names them. Kept apart from both so that neither imports the other."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,12 +26,18 @@ class BackendError(RuntimeError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """A raw middle (not post-processed) and its ranking score (higher is better)."""
+    """A raw middle (not post-processed) and its ranking score (higher is better).
+    ``draft``: index of the draft (``infill``'s ``drafts``) this candidate verified, None for
+    the model's own; ``accepted``: the draft tokens the model accepted from its start;
+    ``verified``: all of it and the end of the middle (the candidate is the draft)."""
 
     text: str
     score: float
     tokens: int = 0
     steps: int = 0
+    draft: int | None = None
+    accepted: int = 0
+    verified: bool = False
 
 
 @runtime_checkable
@@ -57,8 +63,10 @@ class Backend(Protocol):
         steps: int | None = None,
         latency_budget_ms: float | None = None,
         cancel: CancelFn | None = None,
+        drafts: Sequence[str] = (),
     ) -> list[Candidate]:
-        """Up to ``n`` candidate middles, best first. Raises :class:`Cancelled`."""
+        """Up to ``n`` candidate middles, best first. ``drafts``: candidate middles to verify
+        (a backend that cannot verify ignores them). Raises :class:`Cancelled`."""
         ...
 
     def describe(self) -> dict[str, Any]:

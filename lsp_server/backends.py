@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .backend_api import Backend, BackendError, CancelFn, Cancelled, Candidate
@@ -81,8 +81,9 @@ class InfillEngine(Protocol):
     def infill(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int,
                candidates: int = 1, steps: int | None = None, budget_ms: float | None = None,
                temperature: float | None = None, seed: int | None = None,
-               cancel: CancelFn | None = None) -> list[Infill]:
-        """Candidates best first; raises ``InfillCancelled`` or ``ValueError``."""
+               cancel: CancelFn | None = None, drafts: Sequence[Sequence[int]] = ()) -> list[Infill]:
+        """Candidates best first (a candidate's ``draft`` indexes ``drafts``); raises
+        ``InfillCancelled`` or ``ValueError``."""
         ...
 
     def warmup(self) -> Any:
@@ -137,25 +138,29 @@ class LocalBackend:
         cancel: CancelFn | None = None,
         temperature: float = 0.0,
         seed: int | None = None,
+        drafts: Sequence[str] = (),
     ) -> list[Candidate]:
         """See :class:`Backend`; ``temperature`` > 0 samples (``seed`` makes it repeatable).
-        The steps: ``steps``, else the engine's step plan for ``latency_budget_ms``."""
+        The steps: ``steps``, else the engine's step plan for ``latency_budget_ms``.
+        ``drafts`` are tokenized here and verified by the engine in the same batch."""
         from ..model.sampler import InfillCancelled  # torch: loaded with the model
 
         check = self._wrap_cancel(cancel)
         self.model_calls += 1
+        draft_ids = self.encode_batch(list(drafts)) if drafts else []
         try:
             results = self.engine.infill(
                 ctx.prefix_ids, ctx.suffix_ids, max_tokens=max_tokens, candidates=n, steps=steps,
                 budget_ms=latency_budget_ms, temperature=float(temperature) if temperature > 0 else None,
-                seed=seed if temperature > 0 else None, cancel=check)
+                seed=seed if temperature > 0 else None, cancel=check, drafts=draft_ids)
         except InfillCancelled as e:
             raise Cancelled(str(e)) from None
         except ValueError as e:
             raise BackendError(str(e)) from None
         tok = self.engine.tokenizer
         return [
-            Candidate(text=tok.decode(r.ids), score=float(r.score), tokens=len(r.ids), steps=r.steps)
+            Candidate(text=tok.decode(r.ids), score=float(r.score), tokens=len(r.ids), steps=r.steps,
+                      draft=r.draft, accepted=r.accepted, verified=r.verified)
             for r in results
         ]
 

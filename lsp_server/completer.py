@@ -21,30 +21,42 @@ from typing import Any
 
 from .backends import BACKENDS, Backend, CancelFn, Cancelled, Candidate
 from .context import FimContext, Snippet, build_context, comment_prefix
+from .drafts import Draft, DraftQuery, propose
 from .options import WIRE_NAMES, CompletionOptions, merge_options
 from .postprocess import Processed, dedupe, postprocess
 from .syntax import SyntaxGuard
 
+MODEL = "model"
+"""``Suggestion.source`` of the model's own candidates."""
+
 
 @dataclass
 class Suggestion:
+    """``source``: ``"model"``, or the draft source (:mod:`.drafts`) of a candidate that
+    verified a draft; ``verified``: the model accepted that whole draft in its first step."""
+
     text: str
     score: float
     replace_right: int = 0
     raw: str = field(default="", repr=False)
+    source: str = MODEL
+    verified: bool = False
 
 
 @dataclass
 class CompletionResult:
-    """Suggestions plus what produced them (for logs, status and the CLI's --json)."""
+    """Suggestions plus what produced them (for logs, status and the CLI's --json):
+    ``drafts`` are those sent to the model with the last model call."""
 
     suggestions: list[Suggestion]
     context: FimContext
     candidates: list[Candidate]
+    drafts: list[Draft] = field(default_factory=list)
 
 
 MAX_HEAL_CHARS = 32
-_HEAL_TAIL = re.compile(r"(?: ?\w+|(?<=\S) )$")
+_HEAL_TAIL = re.compile(r"(?: ?\w+|(?<=\S) )\Z")  # \Z: "$" also matches before a final "\n"
+
 
 
 def partial_word(text: str, offset: int) -> str:
@@ -84,9 +96,12 @@ def finish(
     multiline: bool | None,
     n: int,
     guard: SyntaxGuard | None = None,
+    drafts: Sequence[Draft] = (),
 ) -> list[Suggestion]:
     """Post-process raw candidates, drop empty ones, duplicates and (with ``guard``) those
-    that break a buffer that parses; best first, at most n."""
+    that break a buffer that parses; best first (by the model's score, the one ranking of
+    model-only and draft-seeded candidates alike), at most n. ``drafts``: those the
+    candidates' ``draft`` indexes (for ``Suggestion.source``)."""
     comment = comment_prefix(ctx.language)
     eol = detect_eol(ctx)
     body = ctx.prefix[ctx.header_chars:]
@@ -108,11 +123,14 @@ def finish(
     scored.sort(key=lambda pc: -pc[1].score)
     kept = dedupe([p for p, _ in scored])
     by_text = {p.text: c for p, c in reversed(scored)}
-    return [
-        Suggestion(text=p.text, score=by_text[p.text].score, replace_right=p.replace_right,
-                   raw=by_text[p.text].text)
-        for p in kept[:n]
-    ]
+    out = []
+    for p in kept[:n]:
+        c = by_text[p.text]
+        source = drafts[c.draft].source if c.draft is not None and c.draft < len(drafts) else MODEL
+        out.append(Suggestion(text=p.text, score=c.score, replace_right=p.replace_right,
+                              raw=c.text, source=source if c.verified else MODEL,
+                              verified=c.verified))
+    return out
 
 
 class Completer:
@@ -162,6 +180,8 @@ class Completer:
         snippets: Sequence[Snippet] = (),
         steps: int | None = None,
         backend_kwargs: dict[str, Any] | None = None,
+        others: Sequence[str] = (),
+        recalled: Sequence[str] = (),
     ) -> CompletionResult:
         """Like :meth:`complete`, also returning the context and raw candidates
         (``steps`` overrides the option; ``backend_kwargs`` go to ``backend.infill``, e.g.
@@ -171,36 +191,95 @@ class Completer:
         Token healing (option ``token_healing``): with the cursor right after a partial
         word, the model first fills the hole from the word's start; candidates that
         reproduce the typed part keep the rest. When none does (a new name the model
-        cannot guess), the hole at the cursor is filled as usual (a second model call)."""
+        cannot guess), the hole at the cursor is filled as usual (a second model call).
+
+        Drafts (option ``drafts``): candidate middles from :func:`.drafts.propose` (this
+        buffer, ``others`` -- the texts of the other open documents -- and ``recalled``,
+        earlier suggestions for this document) go to the model with the request and are
+        verified in its first step (:mod:`diffill.model.sampler`, *Drafts*); a draft that
+        post-processing or the syntax guard would drop is not sent. When only verified
+        drafts came back and none survives post-processing, the model runs again without
+        them."""
         o = self.options
         n = max(n, 1)
         word = partial_word(text, offset) if o.token_healing else ""
         guard = SyntaxGuard(text, offset, language=language, path=path) if o.syntax_check else None
+        drafts: list[Draft] | None = None if o.drafts else []
+        policy = o.multiline
+
+        def checked(ctx: FimContext) -> list[Draft]:
+            nonlocal drafts
+            if drafts is None:
+                drafts = self.drafts_for(text, offset, ctx, multiline=multiline, guard=guard,
+                                         others=others, recalled=recalled)
+            return drafts
+
         if word:
             # Token healing: the hole starts at the beginning of the word being typed.
             start = offset - len(word)
             hctx = self.build(text[:start] + text[offset:], start, language=language, path=path,
                               snippets=snippets)
-            cands = heal(self._infill(hctx, n, cancel, steps, backend_kwargs), word)
+            # seen from the real cursor (the ids stay what the model saw, without the word)
+            ctx = dataclasses.replace(hctx, prefix=hctx.prefix + word,
+                                      line_prefix=hctx.line_prefix + word,
+                                      suffix_end=hctx.suffix_end + len(word))
+            ds = checked(ctx)
+            raw = self._verified(hctx, n, cancel, steps, backend_kwargs, [word + d.text for d in ds],
+                                 lambda cs: finish(heal(cs, word), ctx, policy=policy,
+                                                   multiline=multiline, n=n, guard=guard, drafts=ds))
+            cands = heal(raw, word)
             if cands:
-                # seen from the real cursor (the ids stay what the model saw, without the word)
-                ctx = dataclasses.replace(hctx, prefix=hctx.prefix + word,
-                                          line_prefix=hctx.line_prefix + word,
-                                          suffix_end=hctx.suffix_end + len(word))
-                sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n,
-                              guard=guard)
+                sugg = finish(cands, ctx, policy=policy, multiline=multiline, n=n, guard=guard,
+                              drafts=ds)
                 if sugg:
-                    return CompletionResult(sugg, ctx, cands)
+                    return CompletionResult(sugg, ctx, cands, list(ds))
         ctx = self.build(text, offset, language=language, path=path, snippets=snippets)
-        cands = self._infill(ctx, n, cancel, steps, backend_kwargs)
-        sugg = finish(cands, ctx, policy=o.multiline, multiline=multiline, n=n, guard=guard)
-        return CompletionResult(sugg, ctx, list(cands))
+        ds = checked(ctx)
+        cands = self._verified(ctx, n, cancel, steps, backend_kwargs, [d.text for d in ds],
+                               lambda cs: finish(cs, ctx, policy=policy, multiline=multiline, n=n,
+                                                 guard=guard, drafts=ds))
+        sugg = finish(cands, ctx, policy=policy, multiline=multiline, n=n, guard=guard, drafts=ds)
+        return CompletionResult(sugg, ctx, list(cands), list(ds))
+
+    def drafts_for(self, text: str, offset: int, ctx: FimContext, *, multiline: bool | None,
+                   guard: SyntaxGuard | None, others: Sequence[str] = (),
+                   recalled: Sequence[str] = ()) -> list[Draft]:
+        """The drafts worth sending for the cursor at ``offset``: proposed
+        (:func:`.drafts.propose`; a span when the multi-line policy allows several lines
+        here) and kept only when post-processing and the syntax guard would keep them as
+        they are."""
+        multi = multiline if multiline is not None else (
+            self.options.multiline != "always-single" and not ctx.line_suffix.strip())
+        q = DraftQuery(text=text, offset=offset, others=tuple(others), recalled=tuple(recalled),
+                       multiline=bool(multi))
+        kept = []
+        for d in propose(q):
+            got = finish([Candidate(text=d.text, score=0.0)], ctx, policy=self.options.multiline,
+                         multiline=multiline, n=1, guard=guard)
+            if got and got[0].text == d.text and got[0].replace_right == 0:
+                kept.append(d)
+        return kept
+
+    def _verified(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None,
+                  backend_kwargs: dict[str, Any] | None, drafts: list[str],
+                  keeps: Any) -> list[Candidate]:
+        """The model's candidates with ``drafts`` verified; when all came back verified
+        (the request finished at its first step) and ``keeps(cands)`` keeps none of them,
+        the model runs again without drafts."""
+        cands = self._infill(ctx, n, cancel, steps, backend_kwargs, drafts)
+        if drafts and cands and all(c.verified for c in cands) and not keeps(cands):
+            cands = self._infill(ctx, n, cancel, steps, backend_kwargs)
+        return cands
 
     def _infill(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None = None,
-                backend_kwargs: dict[str, Any] | None = None) -> list[Candidate]:
+                backend_kwargs: dict[str, Any] | None = None,
+                drafts: Sequence[str] = ()) -> list[Candidate]:
         if cancel is not None and cancel():
             raise Cancelled("cancelled before the model ran")
         o = self.options
+        extra = dict(backend_kwargs or {})
+        if drafts:
+            extra["drafts"] = list(drafts)
         return list(self.backend.infill(
             ctx,
             n=n,
@@ -208,7 +287,7 @@ class Completer:
             steps=o.steps if steps is None else steps,
             latency_budget_ms=o.latency_budget_ms,
             cancel=cancel,
-            **(backend_kwargs or {}),
+            **extra,
         ))
 
     def complete(

@@ -485,6 +485,8 @@ class HttpFront:
         opts = msgspec.structs.replace(self.options, max_tokens=max_tokens)
         if req.raw or not healing:
             opts = msgspec.structs.replace(opts, token_healing=False)
+        if req.raw:  # the model's own middles: no drafts either
+            opts = msgspec.structs.replace(opts, drafts=False)
         temperature = req.temperature or 0.0
         extra: dict[str, Any] = {"temperature": temperature, "seed": req.seed} if temperature > 0 else {}
         res = Completer(backend, opts).run(

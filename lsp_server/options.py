@@ -56,6 +56,12 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     token_healing: bool = True
     """Mid-word cursor: the model fills from the start of the word, and only candidates that
     reproduce the typed part are kept (a BPE model never saw the half-word as a prefix)."""
+    drafts: bool = True
+    """Draft and verify: candidate middles copied from the code around the cursor (an
+    earlier match of the text before and after it, in this buffer and the other open ones;
+    the next line by analogy with a similar earlier line; an earlier suggestion) go into the
+    model's batch and are checked in its first step; a verified one answers after that one
+    step (``lsp_server/drafts.py``, ``model/sampler.py``). Off: the model alone."""
     syntax_check: bool = True
     """Python buffers: drop suggestions that would make a buffer that parses stop parsing
     (opening a block at the end of a body is allowed), see ``lsp_server/syntax.py``."""

@@ -44,6 +44,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -145,6 +146,7 @@ class RemoteBackend:
         cancel: CancelFn | None = None,
         temperature: float = 0.0,
         seed: int | None = None,
+        drafts: Sequence[str] = (),  # an endpoint cannot verify them: ignored
     ) -> list[Candidate]:
         body: dict[str, Any] = {
             "prompt": ctx.prefix,

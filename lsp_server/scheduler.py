@@ -118,9 +118,13 @@ class TypeaheadCache:
     cannot plant suggestions made for the old text.
     """
 
+    RECENT = 8
+    """Suggestions per document kept for :meth:`recall`."""
+
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._gen: dict[str, int] = {}
+        self._recent: dict[str, deque[str]] = {}
         self._lock = threading.Lock()
 
     def generation(self, uri: str) -> int:
@@ -135,16 +139,31 @@ class TypeaheadCache:
                     return
                 self._entries[uri] = _Entry(uri, row, line_prefix, line_suffix, list(suggestions),
                                             asked)
+                recent = self._recent.setdefault(uri, deque(maxlen=self.RECENT))
+                for s in reversed(suggestions):
+                    if s.text in recent:
+                        recent.remove(s.text)
+                    recent.appendleft(s.text)
+
+    def recall(self, uri: str) -> list[str]:
+        """The texts of the last suggestions made for ``uri``, newest first -- kept across
+        the edits that invalidate the typed-ahead entry (a draft source, ``drafts.py``),
+        dropped when the document closes."""
+        with self._lock:
+            return list(self._recent.get(uri, ()))
 
     def asked(self, uri: str) -> int:
         """How many candidates the run behind ``uri``'s entry was asked for (0: no entry)."""
         e = self._entries.get(uri)
         return e.asked if e is not None else 0
 
-    def forget(self, uri: str) -> None:
+    def forget(self, uri: str, *, closed: bool = False) -> None:
+        """Drop ``uri``'s entry (and, for a closed document, what :meth:`recall` keeps)."""
         with self._lock:
             self._entries.pop(uri, None)
             self._gen[uri] = self._gen.get(uri, 0) + 1
+            if closed:
+                self._recent.pop(uri, None)
 
     def invalidate(self, uri: str, changes: Any) -> None:
         """Drop the entry of ``uri`` unless every change is an edit within its row that adds
@@ -178,7 +197,7 @@ class TypeaheadCache:
 
 
 COUNTERS = ("requests", "cache_hits", "model_requests", "superseded", "cancelled", "errors",
-            "not_ready", "disabled")
+            "not_ready", "disabled", "draft_offered", "draft_accepted", "draft_partial")
 
 
 @dataclass

@@ -96,6 +96,10 @@ class Prepared:
     path: str | None
 
 
+DRAFT_MAX_DOCS = 8
+DRAFT_MAX_CHARS = 200_000
+
+
 def context_digest(prefix: str, suffix: str) -> str:
     """What ``diffill/status`` reports of the last model input (``last_context.digest``):
     16 hex digits of SHA-256 over ``prefix + NUL + suffix`` -- enough to tell which text
@@ -279,7 +283,18 @@ class DiffillServer(LanguageServer):
     def forget(self, uri: str) -> None:
         self.recent.pop(uri, None)
         self._index.pop(uri, None)
-        self.cache.forget(uri)
+        self.cache.forget(uri, closed=True)
+
+    def other_documents(self, uri: str) -> list[str]:
+        """Texts of the other open documents for prompt lookup (:mod:`.drafts`): the most
+        recently edited first, at most ``DRAFT_MAX_DOCS`` of them and ``DRAFT_MAX_CHARS``
+        characters each (the end of a longer one is left out)."""
+        if not self.options.drafts:
+            return []
+        docs = self.workspace.text_documents
+        order = [u for u in reversed(self.recent) if u != uri and u in docs]
+        order += [u for u in docs if u != uri and u not in order]
+        return [docs[u].source[:DRAFT_MAX_CHARS] for u in order[:DRAFT_MAX_DOCS]]
 
     def snippets(self, uri: str) -> list[Snippet]:
         """Extra context: lines around the last edit of other recently edited open documents."""
@@ -365,6 +380,8 @@ class DiffillServer(LanguageServer):
             self.stats.count("not_ready" if completer is None else "disabled")
             return []
         snippets = self.snippets(prep.uri)
+        others = self.other_documents(prep.uri)
+        recalled = self.cache.recall(prep.uri) if self.options.drafts else []
         cache, gen = self.cache, self.cache.generation(prep.uri)  # an edit elsewhere bumps gen
 
         def work(cancel: Any) -> tuple[list[Suggestion], Any, float]:
@@ -373,7 +390,8 @@ class DiffillServer(LanguageServer):
                 return again, None, 0.0
             t = time.perf_counter()
             res = completer.run(prep.text, prep.offset, n=n, cancel=cancel,
-                                language=prep.language, path=prep.path, snippets=snippets)
+                                language=prep.language, path=prep.path, snippets=snippets,
+                                others=others, recalled=recalled)
             cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions,
                         generation=gen, asked=n)
             return res.suggestions, res, (time.perf_counter() - t) * 1000.0
@@ -403,9 +421,24 @@ class DiffillServer(LanguageServer):
             self.stats.add(total_ms)
             return sugg
         self.stats.count("model_requests")
+        self.count_drafts(res)
         self.stats.add(total_ms, model_ms)
         self._log_result(prep, res, model_ms)
         return sugg
+
+    def count_drafts(self, res: Any) -> None:
+        """Draft counters for ``diffill/status``: model requests sent with drafts
+        (``draft_offered``), answered by a verified draft (``draft_accepted``, and
+        ``draft_accepted_<source>``), or with a draft partly accepted (``draft_partial``)."""
+        if not res.drafts:
+            return
+        self.stats.count("draft_offered")
+        top = res.suggestions[0] if res.suggestions else None
+        if top is not None and top.verified:
+            self.stats.count("draft_accepted")
+            self.stats.count(f"draft_accepted_{top.source}")
+        elif any(c.draft is not None and c.accepted > 0 for c in res.candidates):
+            self.stats.count("draft_partial")
 
     def report_model_error(self, e: BaseException, what: str = "model error") -> None:
         """A model call raised: log it and show it (not again while the same error repeats)."""
@@ -422,6 +455,9 @@ class DiffillServer(LanguageServer):
             "uri": prep.uri, "version": prep.version, "prefix_tokens": ctx.prefix_tokens,
             "suffix_tokens": ctx.suffix_tokens, "header_tokens": ctx.header_tokens,
             "digest": context_digest(ctx.prefix, ctx.suffix), "model_ms": round(model_ms, 3),
+            "steps": max((c.steps for c in res.candidates), default=0),
+            "drafts": [d.source for d in res.drafts],
+            "source": res.suggestions[0].source if res.suggestions else None,
         }
         log.info(
             "complete %s:%d:%d prefix=%d suffix=%d tokens, %d candidates -> %d suggestions, %.1f ms",
@@ -458,7 +494,20 @@ class DiffillServer(LanguageServer):
             "rejected_messages": {str(k): v for k, v in getattr(self.protocol, "rejected", {}).items()},
             "in_flight": len(getattr(self.protocol, "_request_futures", {})),
             "options": self._options_wire(),
+            "drafts": self.drafts_summary(),
             **self.stats.summary(),
+        }
+
+    def drafts_summary(self) -> dict[str, Any]:
+        """``diffill/status`` ``drafts``: whether drafting is on and its counters."""
+        c = self.stats.counters
+        prefix = "draft_accepted_"
+        return {
+            "enabled": self.options.drafts,
+            "offered": c.get("draft_offered", 0),
+            "accepted": c.get("draft_accepted", 0),
+            "partial": c.get("draft_partial", 0),
+            "accepted_by_source": {k[len(prefix):]: v for k, v in c.items() if k.startswith(prefix)},
         }
 
     def _options_wire(self) -> dict[str, Any]:

@@ -390,7 +390,7 @@ class Engine:
     ) -> list[Infill]:
         """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
         ``drafts``: candidate middles to verify (:meth:`make_request`); a candidate's
-        ``draft`` indexes the drafts kept, in the order given minus those left out.
+        ``draft`` indexes ``drafts`` (as given).
 
         ``lengths`` (candidate hole lengths) overrides the ones derived from
         ``max_tokens`` and ``candidates``; ``steps`` overrides the step plan's choice for
@@ -404,7 +404,14 @@ class Engine:
             steps=steps, budget_ms=budget_ms, temperature=temperature, seed=seed, cancel=cancel,
             drafts=drafts,
         )
-        return self.submit(req)
+        res = self.submit(req)
+        if req.drafts:  # index the drafts as given
+            given: dict[tuple[int, ...], int] = {}
+            for i, d in enumerate(drafts):
+                given.setdefault(tuple(int(t) for t in d), i)
+            res = [r if r.draft is None else dataclasses.replace(r, draft=given[req.drafts[r.draft]])
+                   for r in res]
+        return res
 
     def submit(self, req: InfillRequest) -> list[Infill]:
         with self._stats_lock:

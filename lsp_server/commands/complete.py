@@ -88,6 +88,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="line policy (auto: several lines only at the end of a line)")
     p.add_argument("--max-file-mb", type=float, default=MAX_FILE_MB_DEFAULT,
                    help=f"refuse larger files ({MAX_FILE_MB_DEFAULT:g} MB)")
+    p.add_argument("--no-drafts", dest="drafts", action="store_false", default=None,
+                   help="the model alone: no drafts from the file to verify (option drafts)")
     p.add_argument("--json", action="store_true",
                    help="print a JSON object: suggestions, scores, token counts, timings, "
                         "budget (the exit status is the same as without --json)")
@@ -171,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
         atexit.unregister(gc.freeze)
         atexit.register(gc.freeze)
     opts: dict[str, object] = {"model_path": args.model, "device": args.device}
-    for name in ("max_tokens", "steps", "context_tokens", "multiline", "recipe", "latency_budget_ms"):
+    for name in ("max_tokens", "steps", "context_tokens", "multiline", "recipe", "latency_budget_ms",
+                 "drafts"):
         v = getattr(args, name)
         if v is not None:
             opts[name] = v
@@ -223,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
             "col": args.col,
             "offset": offset,
             "suggestions": [
-                {"text": s.text, "score": s.score, "replace_right": s.replace_right, "raw": s.raw}
+                {"text": s.text, "score": s.score, "replace_right": s.replace_right, "raw": s.raw,
+                 "source": s.source, "verified": s.verified}
                 for s in res.suggestions
             ],
             "prefix_tokens": res.context.prefix_tokens,
@@ -235,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
             "complete_ms": round(complete_ms, 1),
             "latency_budget_ms": budget_ms,
             "steps": steps,  # the most refinement steps a candidate needed
+            "drafts": [{"source": d.source, "text": d.text} for d in res.drafts],
             "model_calls": calls,
             "over_budget": complete_ms > budget_ms,
             "budget_note": note,

@@ -15,6 +15,7 @@ export const SERVER_OPTIONS = [
   'numCandidates',
   'steps',
   'tokenHealing',
+  'drafts',
   'syntaxCheck',
   'extraContext',
 ] as const;

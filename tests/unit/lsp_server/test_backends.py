@@ -28,11 +28,12 @@ class _FakeEngine:
         self.warmed = 0
 
     def infill(self, prefix_ids, suffix_ids, *, max_tokens, candidates=1, steps=None,
-               budget_ms=None, temperature=None, seed=None, cancel=None):
+               budget_ms=None, temperature=None, seed=None, cancel=None, drafts=()):
         from diffill.model.sampler import Infill
 
         self.calls.append({"max_tokens": max_tokens, "candidates": candidates, "steps": steps,
-                           "budget_ms": budget_ms, "temperature": temperature, "seed": seed})
+                           "budget_ms": budget_ms, "temperature": temperature, "seed": seed,
+                           **({"drafts": drafts} if drafts else {})})
         return [Infill(ids=[ord("x")], length=max_tokens, score=0.0, steps=steps or 4)]
 
     def warmup(self):

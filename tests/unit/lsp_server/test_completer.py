@@ -74,3 +74,106 @@ def test_run_passes_steps_and_backend_kwargs():
     b = _ScriptedBackend(["1"])
     Completer(b).run("x = (\n", 5, steps=3, backend_kwargs={"temperature": 0.5, "seed": 7})
     assert b.kwargs == {"steps": 3, "temperature": 0.5, "seed": 7}
+
+
+# -- drafts (a backend that "verifies" what it is told to: control flow only) ---------------------
+
+class _Verifier:
+    """Verifies the drafts whose text is in ``accept`` (answering with them alone, as the
+    engine does when a draft is verified); otherwise answers ``model``. Records the drafts
+    each call was sent."""
+
+    name = "verifier"
+
+    def __init__(self, accept: set[str], model: list[str]):
+        self.accept, self.model = accept, model
+        self.sent: list[list[str]] = []
+
+    def encode_batch(self, texts):
+        return [[ord(c) for c in t] for t in texts]
+
+    def max_context_tokens(self, max_tokens):
+        return None
+
+    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None,
+               drafts=(), **kw):
+        from diffill.lsp_server.backends import Candidate
+
+        self.sent.append(list(drafts))
+        ok = [Candidate(text=d, score=-0.5, steps=1, draft=i, accepted=len(d), verified=True)
+              for i, d in enumerate(drafts) if d in self.accept]
+        return ok or [Candidate(text=t, score=-1.0 - i, steps=4) for i, t in enumerate(self.model)]
+
+    def describe(self):
+        return {}
+
+
+LADDER = ("def kind(x):\n    if x == 1:\n        return 'one'\n    elif x == 2:\n"
+          "        return 'two'\n    elif x == 3:\n        return 'three'\n    elif x == 4:\n")
+
+
+def test_a_repeated_line_goes_as_a_draft_and_a_verified_one_answers():
+    from diffill.lsp_server.completer import Completer
+
+    text = LADDER + "        \n"
+    b = _Verifier({"return 'four'"}, ["pass"])
+    res = Completer(b).run(text, len(LADDER) + 8, n=1)
+    assert b.sent and b.sent[0]  # drafts were sent with the one model call
+    assert len(b.sent) == 1
+    assert {d.source for d in res.drafts} <= {"lookup", "analogy", "typeahead"}
+    if "return 'four'" in b.sent[0]:  # the analogy rule proposes the next line's shape
+        assert res.suggestions[0].verified and res.suggestions[0].source != "model"
+    # a draft the model does not verify: the model's own answer
+    b2 = _Verifier(set(), ["return 'four'"])
+    res2 = Completer(b2).run(text, len(LADDER) + 8, n=1)
+    assert [(s.text, s.source, s.verified) for s in res2.suggestions] == [("return 'four'", "model", False)]
+
+
+def test_verified_draft_is_marked_with_its_source():
+    from diffill.lsp_server.completer import Completer
+
+    text = "total = compute(alpha, beta)\nx = 1\ntotal = compute(\n"
+    b = _Verifier({"alpha, beta)"}, ["gamma)"])
+    res = Completer(b).run(text, text.rindex("(") + 1, n=1)
+    assert "alpha, beta)" in b.sent[0]
+    assert [(s.text, s.verified) for s in res.suggestions] == [("alpha, beta)", True)]
+    assert res.suggestions[0].source in ("lookup", "analogy")  # both copy the earlier line
+
+
+def test_drafts_off_sends_none():
+    from diffill.lsp_server.completer import Completer
+    from diffill.lsp_server.options import CompletionOptions
+
+    text = "total = compute(alpha, beta)\nx = 1\ntotal = compute(\n"
+    b = _Verifier({"alpha, beta)"}, ["gamma)"])
+    res = Completer(b, CompletionOptions(drafts=False)).run(text, text.rindex("(") + 1, n=1)
+    assert b.sent == [[]] and res.drafts == []
+    assert [s.text for s in res.suggestions] == ["gamma)"]
+
+
+def test_token_healing_sends_the_word_and_the_draft():
+    from diffill.lsp_server.completer import Completer
+
+    text = "result = compute_total(items)\nx = 1\nresult = comp\n"
+    b = _Verifier({" compute_total(items)"}, [" nothing"])
+    res = Completer(b).run(text, text.rindex("comp") + 4, n=1)
+    assert " compute_total(items)" in b.sent[0]  # the hole starts at the word: " comp" + draft
+    assert [(s.text, s.verified) for s in res.suggestions] == [("ute_total(items)", True)]
+
+
+def test_a_verified_draft_that_post_processing_drops_runs_the_model_again():
+    from diffill.lsp_server.backends import Candidate
+    from diffill.lsp_server.completer import Completer
+
+    class Mangles(_Verifier):  # "verifies" a draft but its text comes back empty
+        def infill(self, ctx, *, drafts=(), **kw):
+            self.sent.append(list(drafts))
+            if drafts:
+                return [Candidate(text="", score=0.0, steps=1, draft=0, accepted=0, verified=True)]
+            return [Candidate(text="gamma)", score=-1.0, steps=4)]
+
+    text = "total = compute(alpha, beta)\nx = 1\ntotal = compute(\n"
+    b = Mangles(set(), [])
+    res = Completer(b).run(text, text.rindex("(") + 1, n=1)
+    assert len(b.sent) == 2 and b.sent[1] == []
+    assert [s.text for s in res.suggestions] == ["gamma)"]
