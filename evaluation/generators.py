@@ -10,6 +10,7 @@ policy for single-line holes (``multiline=False``) and the multi-line policy for
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..lsp_server.backends import load_local_backend
@@ -17,10 +18,19 @@ from ..lsp_server.completer import Completer, options_from_kwargs
 from .baseline import analogy_completion
 
 
+@dataclass(frozen=True)
+class Generated:
+    """What a generator inserted and how (``info``: e.g. the model's steps and calls, the
+    drafts it was sent and whether a verified one answered; see :func:`.runner.draft_metrics`)."""
+
+    text: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
 class Generator(Protocol):
     name: str
 
-    def generate(self, text: str, offset: int, *, multiline: bool) -> str: ...
+    def generate(self, text: str, offset: int, *, multiline: bool) -> str | Generated: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -54,7 +64,9 @@ class CompleterGenerator:
 
     One Completer per policy shares the backend (the loaded model): ``single`` for line holes
     (``max_tokens`` = ``line_tokens``) and ``multi`` for spans (``span_tokens``). ``steps`` is
-    fixed (not chosen from a latency budget) so runs are reproducible.
+    fixed (not chosen from a latency budget) so runs are reproducible. ``drafts``: draft and
+    verify on (the server's default) or the model alone; :meth:`generate` reports the steps,
+    model calls and drafts of each completion.
     """
 
     def __init__(
@@ -68,13 +80,16 @@ class CompleterGenerator:
         name: str = "model",
         language: str | None = "python",
         syntax_check: bool = True,
+        drafts: bool = False,
     ) -> None:
         self.name = name
         self.backend = backend
         self.steps = steps
         self.language = language  # the tasks' language (the harness executes Python)
         self.syntax_check = syntax_check
-        common: dict[str, Any] = {"context_tokens": context_tokens, "syntax_check": syntax_check}
+        self.drafts = drafts
+        common: dict[str, Any] = {"context_tokens": context_tokens, "syntax_check": syntax_check,
+                                  "drafts": drafts}
         if steps is not None:
             common["steps"] = steps
         self._single = Completer(
@@ -86,26 +101,40 @@ class CompleterGenerator:
 
     def with_steps(self, steps: int) -> CompleterGenerator:
         """Same model and budgets, another step count (for the frontier)."""
-        o = self._single.options
-        return CompleterGenerator(
-            self.backend,
-            steps=steps,
-            line_tokens=o.max_tokens,
-            span_tokens=self._multi.options.max_tokens,
-            context_tokens=o.context_tokens,
-            name=self.name,
-            language=self.language,
-            syntax_check=self.syntax_check,
-        )
+        return self._like(steps=steps)
 
-    def generate(self, text: str, offset: int, *, multiline: bool) -> str:
+    def with_drafts(self, drafts: bool = True, name: str = "model+drafts") -> CompleterGenerator:
+        """Same model, budgets and steps, with draft and verify on (or off)."""
+        return self._like(drafts=drafts, name=name)
+
+    def _like(self, **changes: Any) -> CompleterGenerator:
+        o = self._single.options
+        kw: dict[str, Any] = {
+            "steps": self.steps, "line_tokens": o.max_tokens,
+            "span_tokens": self._multi.options.max_tokens, "context_tokens": o.context_tokens,
+            "name": self.name, "language": self.language, "syntax_check": self.syntax_check,
+            "drafts": self.drafts}
+        return CompleterGenerator(self.backend, **{**kw, **changes})
+
+    def generate(self, text: str, offset: int, *, multiline: bool) -> Generated:
         c = self._multi if multiline else self._single
-        sugg = c.complete(text, offset, n=1, multiline=multiline, language=self.language)
-        return sugg[0].text if sugg else ""
+        calls = getattr(self.backend, "model_calls", None)
+        res = c.run(text, offset, n=1, multiline=multiline, language=self.language)
+        top = res.suggestions[0] if res.suggestions else None
+        info: dict[str, Any] = {
+            "steps": max((x.steps for x in res.candidates), default=0),
+            "drafts": [d.source for d in res.drafts],
+            "draft_verified": bool(top is not None and top.verified),
+            "source": top.source if top is not None else None,
+        }
+        if calls is not None:
+            info["model_calls"] = self.backend.model_calls - calls
+        return Generated(top.text if top is not None else "", info)
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": "model via Completer", "steps": self.steps,
-                             "language": self.language, "syntax_check": self.syntax_check}
+                             "language": self.language, "syntax_check": self.syntax_check,
+                             "drafts": self.drafts}
         sampler = getattr(getattr(self.backend, "engine", None), "sampler", None)
         if sampler is not None:
             d["block"] = sampler.block
@@ -129,14 +158,19 @@ def load_model_generator(
     block: int | None | str = "model",
     syntax_check: bool = True,
     recipe: str | None = None,
+    draft_ratio: float | None = None,
 ) -> CompleterGenerator:
-    """Load a checkpoint (None: the shipped default) once and wrap it for evaluation.
+    """Load a checkpoint (None: the shipped default) once and wrap it for evaluation (the
+    model alone; :meth:`CompleterGenerator.with_drafts` shares it with drafts on).
     ``block``: the sampler's semi-autoregressive block (``"model"``: the checkpoint's
-    ``decode_block``; None: any-order decoding)."""
+    ``decode_block``; None: any-order decoding). ``draft_ratio``: the verification bar
+    instead of the checkpoint's."""
     backend = load_local_backend(model_path, device, max_steps=max(steps or 16, 16), recipe=recipe)
+    eng = backend.engine
     if block != "model":
-        eng = backend.engine
         eng.sampler = dataclasses.replace(eng.sampler, block=block)
+    if draft_ratio is not None:
+        eng.sampler = dataclasses.replace(eng.sampler, draft_ratio=float(draft_ratio))
     return CompleterGenerator(
         backend,
         steps=steps,

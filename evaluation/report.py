@@ -35,21 +35,34 @@ def _f(x: Any, spec: str = "6.3f") -> str:
     return format(x, spec)
 
 
+DRAFT_HEAD = f" {'p95 ms':>8} {'steps':>5} {'d.acc':>5} {'d.wrong':>7}"
+DRAFT_NOTE = ("steps: mean model steps per completion; d.acc: share answered by a draft the "
+              "model verified; d.wrong: share of those not the target")
+
+
+def _draft_cols(s: dict[str, Any]) -> str:
+    return (f" {_f(s.get('latency_p95_ms'), '8.1f')} {_f(s.get('steps_mean'), '5.2f')}"
+            f" {_f(s.get('draft_accepted'), '5.2f')} {_f(s.get('draft_wrong_rate'), '7.2f')}")
+
+
 def humaneval_table(section: dict[str, Any]) -> str:
-    head = f"{'system':<10} {'pass@1':>7} {'pass':>6} {'fail':>6} {'t/o':>5} {'EM':>6} {'EM(ws)':>6} {'p50 ms':>8}"
+    head = (f"{'system':<12} {'pass@1':>7} {'pass':>6} {'fail':>6} {'t/o':>5} {'EM':>6} {'EM(ws)':>6}"
+            f" {'p50 ms':>8}" + DRAFT_HEAD)
     rows = [f"{section['title']} ({section['tasks']} tasks)", head, "-" * len(head)]
     for name, s in section["systems"].items():
         rows.append(
-            f"{name:<10} {_f(s.get('pass_at_1'), '7.3f')} {s.get('passed', '-'):>6} {s.get('failed', '-'):>6} "
+            f"{name:<12} {_f(s.get('pass_at_1'), '7.3f')} {s.get('passed', '-'):>6} {s.get('failed', '-'):>6} "
             f"{s.get('timeout', '-'):>5} {_f(s.get('exact_match'))} {_f(s.get('exact_match_ws'))} "
-            f"{_f(s.get('latency_p50_ms'), '8.1f')}"
+            f"{_f(s.get('latency_p50_ms'), '8.1f')}" + _draft_cols(s)
         )
+    if any("draft_accepted" in s for s in section["systems"].values()):
+        rows.append(DRAFT_NOTE)
     return "\n".join(rows)
 
 
 def heldout_table(section: dict[str, Any]) -> str:
-    head = (f"{'system':<10} {'set':<6} {'tasks':>5} {'EM':>6} {'EM(ws)':>6} {'ES':>6} {'p50 ms':>8}"
-            f" {'EM rep':>6} {'EM new':>6}")
+    head = (f"{'system':<12} {'set':<6} {'tasks':>5} {'EM':>6} {'EM(ws)':>6} {'ES':>6} {'p50 ms':>8}"
+            f" {'EM rep':>6} {'EM new':>6}" + DRAFT_HEAD)
     rows = [f"Held-out corpus ({section['source']})", head, "-" * len(head)]
     for kind in ("lines", "spans"):
         part = section.get(kind)
@@ -57,9 +70,9 @@ def heldout_table(section: dict[str, Any]) -> str:
             continue
         for name, s in part["systems"].items():
             rows.append(
-                f"{name:<10} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} {_f(s.get('exact_match_ws'))} "
+                f"{name:<12} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} {_f(s.get('exact_match_ws'))} "
                 f"{_f(s.get('edit_similarity'))} {_f(s.get('latency_p50_ms'), '8.1f')}"
-                f" {_f(s.get('exact_match_repeated'))} {_f(s.get('exact_match_fresh'))}"
+                f" {_f(s.get('exact_match_repeated'))} {_f(s.get('exact_match_fresh'))}" + _draft_cols(s)
             )
     counts = []
     for kind in ("lines", "spans"):

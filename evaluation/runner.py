@@ -13,12 +13,12 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
 
-from .generators import Generator
+from .generators import Generated, Generator
 from .metrics import edit_similarity, exact_match, exact_match_ws, mean, percentile
 from .sandbox import ExecResult, Sandbox
 from .tasks import InfillTask
@@ -30,6 +30,7 @@ class Output:
     insert: str
     latency_s: float
     error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)  # the generator's (Generated.info)
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -45,11 +46,14 @@ def generate(gen: Generator, tasks: Sequence[InfillTask], *, desc: str = "", pro
             v = t.editor_view()
             t0 = time.perf_counter()
             err = ""
+            info: dict[str, Any] = {}
             try:
-                ins = gen.generate(v.text, v.offset, multiline=t.multiline)
+                got = gen.generate(v.text, v.offset, multiline=t.multiline)
             except Exception as e:  # noqa: BLE001 - a failed completion is a data point, not a crash
-                ins, err = "", f"{type(e).__name__}: {e}"
-            out.append(Output(t.task_id, ins, time.perf_counter() - t0, err))
+                got, err = "", f"{type(e).__name__}: {e}"
+            if isinstance(got, Generated):
+                got, info = got.text, got.info
+            out.append(Output(t.task_id, got, time.perf_counter() - t0, err, info))
             bar.update(1)
     return out
 
@@ -78,8 +82,46 @@ def text_metrics(
         "errors": sum(1 for o in outputs if o.error),
         "latency_p50_ms": 1000 * percentile(lat, 50),
         "latency_p90_ms": 1000 * percentile(lat, 90),
+        "latency_p95_ms": 1000 * percentile(lat, 95),
         "latency_mean_ms": 1000 * mean(lat),
+        **draft_metrics(outputs, em),
     }
+
+
+def draft_metrics(outputs: Sequence[Output], right: Sequence[bool]) -> dict[str, Any]:
+    """From the generators' ``info`` (model generators only; ``{}`` otherwise): mean model
+    steps and calls per completion, and for draft and verify the share of completions sent
+    drafts (``draft_offered``), answered by a verified draft (``draft_accepted``), the
+    acceptance rate among those offered, how often an accepted draft was wrong (not the
+    target: ``draft_wrong_rate``), the steps of draft-answered completions and the accepted
+    count per source. ``right``: per output, whether it is the target."""
+    infos = [o.info for o in outputs]
+    if not any("steps" in i for i in infos):
+        return {}
+    n = len(infos)
+    offered = [bool(i.get("drafts")) for i in infos]
+    acc = [bool(i.get("draft_verified")) for i in infos]
+    acc_right = [r for a, r in zip(acc, right, strict=True) if a]
+    by_source: dict[str, int] = {}
+    for i, a in zip(infos, acc, strict=True):
+        if a:
+            by_source[str(i.get("source"))] = by_source.get(str(i.get("source")), 0) + 1
+    draft_steps = [i.get("steps", 0) for i, a in zip(infos, acc, strict=True) if a]
+    out: dict[str, Any] = {
+        "steps_mean": mean([i.get("steps", 0) for i in infos]),
+        "model_calls_mean": mean([i["model_calls"] for i in infos if "model_calls" in i])
+        if any("model_calls" in i for i in infos) else None,
+    }
+    if any(offered):
+        out.update({
+            "draft_offered": sum(offered) / n,
+            "draft_accepted": sum(acc) / n,
+            "draft_accept_rate": sum(acc) / sum(offered),
+            "draft_wrong_rate": (1 - mean(acc_right)) if acc_right else None,
+            "draft_steps_mean": mean(draft_steps) if draft_steps else None,
+            "draft_accepted_by_source": by_source,
+        })
+    return out
 
 
 class ExecCache:
@@ -137,6 +179,10 @@ def per_task_rows(
         }
         if o.error:
             row["error"] = o.error
+        if o.info:
+            row.update({k: v for k, v in o.info.items() if k != "drafts"})
+            if o.info.get("drafts"):
+                row["drafts"] = o.info["drafts"]
         if cache is not None and t.executable:
             r = cache.get(t, t.completion_for(o.insert))
             row["status"] = r.status

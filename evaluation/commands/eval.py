@@ -101,6 +101,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per executed program (default 5)")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                    help="run the non-neural baseline alongside (default on)")
+    p.add_argument("--drafts", action=argparse.BooleanOptionalAction, default=True,
+                   help="also evaluate the model with draft and verify (system model+drafts), "
+                        "side by side with the model alone (default on)")
+    p.add_argument("--draft-ratio", type=float, default=None, metavar="R",
+                   help="draft verification bar, 0..1 (default: the checkpoint's draft_ratio)")
     p.add_argument("--max-tokens", type=int, default=32, help="token budget of a single-line completion")
     p.add_argument("--span-tokens", type=int, default=96, help="token budget of a multi-line completion")
     p.add_argument("--context-tokens", type=int, default=1024, help="prefix + suffix token budget")
@@ -118,6 +123,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--block must be a positive integer or 'none'"
     if args.workers < 1:
         return "--workers must be >= 1"
+    if args.draft_ratio is not None and not 0.0 <= args.draft_ratio <= 1.0:
+        return "--draft-ratio must be in [0, 1]"
     if args.timeout <= 0:
         return "--timeout must be > 0"
     if args.samples and args.frontier:
@@ -179,16 +186,20 @@ def run(args: argparse.Namespace) -> int:
                 block="model" if args.block is None else (None if args.block == "none" else int(args.block)),
                 syntax_check=args.syntax_check,
                 recipe=args.recipe,
+                draft_ratio=args.draft_ratio,
             )
         except (OSError, ValueError) as e:
             print(f"diffill eval: cannot load the model: {e}", file=sys.stderr)
             return 1
+    # the model alone and, side by side, the same model with draft and verify
+    models = [] if model is None else [model] + ([model.with_drafts()] if args.drafts else [])
     others = [EmptyGenerator()] + ([BaselineGenerator()] if args.baseline else [])
 
     results: dict[str, Any] = {
         "diffill_version": __version__,
         "settings": {
             "model": model.describe() if model is not None else None,
+            "drafts": bool(models[1:]),
             "samples": args.samples,
             "steps": args.steps if model is not None else None,
             "limit": args.limit,
@@ -199,9 +210,9 @@ def run(args: argparse.Namespace) -> int:
 
     # -- HumanEval / task file -------------------------------------------------------------
     he_out: dict[str, list[Output]] = {}
-    if model is not None:
-        he_out["model"] = generate(model, tasks, desc=f"model steps={args.steps}", progress=progress)
-    elif samples is not None:
+    for m in models:
+        he_out[m.name] = generate(m, tasks, desc=f"{m.name} steps={args.steps}", progress=progress)
+    if samples is not None:
         missing = [t.task_id for t in tasks if t.task_id not in samples]
         if missing:
             notes.append(f"{len(missing)} task(s) have no sample; scored as empty completions")
@@ -267,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
                 ho_path, min(args.heldout_lines, cap), min(args.heldout_spans, cap), seed=args.seed
             )
             section: dict[str, Any] = {"source": str(ho_path), "seed": args.seed}
-            gens = [model] + ([BaselineGenerator()] if args.baseline else [])
+            gens = [*models] + ([BaselineGenerator()] if args.baseline else [])
             for kind, ts in (("lines", ho_lines), ("spans", ho_spans)):
                 if not ts:
                     continue

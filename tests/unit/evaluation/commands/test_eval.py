@@ -47,7 +47,9 @@ def test_eval_with_limit_on_a_checkpoint(tmp_path, capsys, model_dir, heldout_fi
     data = json.loads(stdout)
     he = data["humaneval"]
     assert he["tasks"] == 3 and he["tasks_total"] == 1033
-    assert set(he["systems"]) == {"model", "empty", "baseline"}
+    assert set(he["systems"]) == {"model", "model+drafts", "empty", "baseline"}
+    assert he["systems"]["model"]["steps_mean"] > 0 and "draft_offered" not in he["systems"]["model"]
+    assert he["systems"]["model+drafts"]["model_calls_mean"] >= 1
     expected_ids = [t.task_id for t in subset(humaneval_single_line_tasks(), 3)]
     for name, s in he["systems"].items():
         assert s["tasks"] == 3
@@ -62,7 +64,7 @@ def test_eval_with_limit_on_a_checkpoint(tmp_path, capsys, model_dir, heldout_fi
 
     ho = data["heldout"]
     assert ho["lines"]["tasks"] == 3 and ho["spans"]["tasks"] == 2  # --limit caps both sets
-    assert set(ho["lines"]["systems"]) == {"model", "baseline"}
+    assert set(ho["lines"]["systems"]) == {"model", "model+drafts", "baseline"}
     for part in (ho["lines"], ho["spans"]):
         for s in part["systems"].values():
             assert 0.0 <= s["edit_similarity"] <= 1.0
@@ -86,14 +88,16 @@ def test_samples_only_generates_without_executing(tmp_path, capsys, model_dir):
     )
     assert rc == 0, stderr
     assert len(read_samples(out / "samples_model.jsonl")) == 2
+    assert (out / "samples_model+drafts.jsonl").is_file()
     results = json.loads((out / "results.json").read_text())
     assert "humaneval" not in results
     assert results["settings"]["model"]["block"] is None  # the scripted checkpoint names no block
     rc, _, stderr = run_cli(
         capsys, "eval", "--model", str(model_dir), "--limit", "2", "--steps", "2", "--samples-only",
-        "--no-baseline", "--block", "1", "--out", str(out), "--no-progress",
+        "--no-baseline", "--block", "1", "--no-drafts", "--out", str(out), "--no-progress",
     )
     assert rc == 0, stderr
+    assert json.loads((out / "results.json").read_text())["settings"]["drafts"] is False
     assert json.loads((out / "results.json").read_text())["settings"]["model"]["block"] == 1
 
 
