@@ -1,10 +1,9 @@
 """Text metrics: exact match (strict and whitespace-normalised), Levenshtein distance and
 edit similarity, percentiles.
 
-``levenshtein`` is the fast path: the bit-parallel algorithm of Myers (1999) in the global
-(edit distance, not search) form given by Hyyrö (2001), with Python integers as bit vectors of
-unbounded width, so its cost is ``len(a)`` big-integer operations on ``len(b)``-bit words.
-``levenshtein_reference`` is the textbook dynamic programme; tests compare the two.
+The edit distance and similarity live on the server side (:mod:`diffill.lsp_server.similarity`:
+the bit-parallel Levenshtein and its reference DP), which the draft sources use too; they are
+re-exported here for the harness.
 """
 
 from __future__ import annotations
@@ -12,70 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ..lsp_server.similarity import edit_similarity, levenshtein, levenshtein_reference
 
-def levenshtein_reference(a: str, b: str) -> int:
-    """Unit-cost insert/delete/substitute distance, O(len(a) * len(b)) DP."""
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
-def levenshtein(a: str, b: str) -> int:
-    """Same value as :func:`levenshtein_reference`, bit-parallel over the characters of ``b``.
-
-    Vertical deltas of one DP column are kept as two bit vectors ``pv`` (+1) and ``mv`` (-1);
-    each character of ``a`` updates them in O(1) word operations; ``score`` tracks the last
-    cell of the column (distance of ``b`` against the prefix of ``a`` read so far).
-    """
-    if a == b:
-        return 0
-    # common prefix / suffix do not change the distance and shorten the work
-    i = 0
-    n = min(len(a), len(b))
-    while i < n and a[i] == b[i]:
-        i += 1
-    a, b = a[i:], b[i:]
-    j = 0
-    n = min(len(a), len(b))
-    while j < n and a[-1 - j] == b[-1 - j]:
-        j += 1
-    if j:
-        a, b = a[:-j], b[:-j]
-    if not a or not b:
-        return len(a) + len(b)
-    m = len(b)
-    full = (1 << m) - 1
-    top = 1 << (m - 1)
-    peq: dict[str, int] = {}
-    for k, c in enumerate(b):
-        peq[c] = peq.get(c, 0) | (1 << k)
-    pv, mv, score = full, 0, m
-    for c in a:
-        eq = peq.get(c, 0)
-        xv = eq | mv
-        xh = (((eq & pv) + pv) ^ pv) | eq
-        ph = mv | (~(xh | pv) & full)
-        mh = pv & xh
-        if ph & top:
-            score += 1
-        elif mh & top:
-            score -= 1
-        ph = ((ph << 1) | 1) & full
-        mh = (mh << 1) & full
-        pv = mh | (~(xv | ph) & full)
-        mv = ph & xv
-    return score
-
-
-def edit_similarity(a: str, b: str) -> float:
-    """``1 - levenshtein(a, b) / max(len(a), len(b))``; 1.0 for two empty strings."""
-    if not a and not b:
-        return 1.0
-    return 1.0 - levenshtein(a, b) / max(len(a), len(b))
+__all__ = [
+    "edit_similarity",
+    "exact_match",
+    "exact_match_ws",
+    "levenshtein",
+    "levenshtein_reference",
+    "mean",
+    "normalize_ws",
+    "percentile",
+]
 
 
 def normalize_ws(s: str) -> str:

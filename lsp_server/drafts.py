@@ -1,0 +1,496 @@
+"""Draft sources: candidate middles drawn from the code around the cursor, for the diffusion
+model to verify in one forward pass ("draft and verify").
+
+Pure text, deterministic, no model. A :class:`DraftQuery` is the document, the cursor and
+what else is at hand (the other open documents, the suggestions recently shown for this
+document); a :class:`DraftSource` turns it into ranked :class:`Draft` s, each a text to insert
+at the cursor; :func:`propose` asks the sources in a fixed order and keeps each one's best
+draft (more than the top draft per source hurt exact match: the model cannot tell a right
+from a wrong draft, so a source's second guess mostly adds a wrong one to choose from).
+
+The sources:
+
+* :class:`PromptLookup` (``"lookup"``): the longest earlier occurrence of the text just before
+  the cursor -- earlier or later in the buffer, or in another open document -- and what
+  followed it there (prompt lookup decoding, by characters). When what follows the cursor
+  also follows the occurrence (a *two-sided* match), the draft is exactly what lies between.
+* :class:`Analogy` (``"analogy"``): the "continue by analogy" rules of :mod:`.analogy` (the
+  successor of the most similar line, re-indented).
+* :class:`Typeahead` (``"typeahead"``): the rest of a suggestion shown earlier, after what the
+  user has typed of it since.
+
+Line ends: the sources work on ``"\\n"``; a CRLF document (and CRLF other documents) are read
+with ``"\\r\\n"`` as ``"\\n"`` and the drafts come back with the document's ``"\\r\\n"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .analogy import analogy_completion
+
+LOOKUP = "lookup"
+ANALOGY = "analogy"
+TYPEAHEAD = "typeahead"
+
+
+@dataclass(frozen=True)
+class Draft:
+    text: str  # what to insert at the cursor (a middle), never empty
+    source: str  # "lookup" | "analogy" | "typeahead"
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            raise ValueError("a draft is never empty")
+
+
+@dataclass(frozen=True)
+class DraftQuery:
+    text: str  # the whole document
+    offset: int  # cursor (character offset)
+    others: Sequence[str] = ()  # texts of the other open documents
+    recalled: Sequence[str] = ()  # recent suggestions shown for this document, best/newest first
+    multiline: bool = False  # single-line hole (stop at end of line) or a span
+    max_chars: int = 400
+
+
+class DraftSource(Protocol):
+    name: str
+
+    def propose(self, q: DraftQuery) -> list[Draft]: ...
+
+
+# --- shared helpers --------------------------------------------------------------------------
+
+
+def _as_lf(q: DraftQuery) -> tuple[DraftQuery, bool]:
+    """``q`` with ``"\\r\\n"`` read as ``"\\n"`` (offset moved to match), and whether the
+    document used CRLF (its drafts go back with ``"\\r\\n"``)."""
+    others_cr = any("\r" in o for o in q.others)
+    recalled_cr = any("\r" in r for r in q.recalled)
+    if "\r" not in q.text and not others_cr and not recalled_cr:
+        return q, False
+    text, off = q.text, max(0, min(q.offset, len(q.text)))
+    crlf = "\r\n" in text
+    if crlf:
+        if off and text[off - 1] == "\r" and text.startswith("\n", off):
+            off -= 1  # between "\r" and "\n": the cursor is at the line end
+        off -= text.count("\r\n", 0, off)
+        text = text.replace("\r\n", "\n")
+    others = tuple(o.replace("\r\n", "\n") for o in q.others) if others_cr else q.others
+    recalled = tuple(r.replace("\r\n", "\n") for r in q.recalled) if recalled_cr else q.recalled
+    return dataclasses.replace(q, text=text, offset=off, others=others, recalled=recalled), crlf
+
+
+def _restore(drafts: list[Draft], crlf: bool) -> list[Draft]:
+    if not crlf:
+        return drafts
+    return [Draft(d.text.replace("\n", "\r\n"), d.source) for d in drafts]
+
+
+def _cursor(q: DraftQuery) -> int:
+    return max(0, min(q.offset, len(q.text)))
+
+
+def _line_around(text: str, off: int) -> tuple[str, str]:
+    """The cursor line's text left of the cursor and right of it (without the newline)."""
+    start = text.rfind("\n", 0, off) + 1
+    end = text.find("\n", off)
+    return text[start:off], text[off : len(text) if end < 0 else end]
+
+
+def _usable(draft: str, q: DraftQuery) -> bool:
+    """Not blank, and not the text already right of the cursor (inserting that only doubles
+    it)."""
+    return bool(draft.strip()) and not q.text.startswith(draft, _cursor(q))
+
+
+def _before_rest(draft: str, right: str) -> str:
+    """A one-line draft that ends with the cursor line's rest (what is right of the cursor)
+    without it: the middle."""
+    tail = right.strip()
+    if tail and "\n" not in draft and draft.rstrip().endswith(tail):
+        return draft.rstrip()[: -len(tail)]
+    return draft
+
+
+def _fit(draft: str, max_chars: int) -> str:
+    """At most ``max_chars`` characters; a cut multi-line draft ends at a line end."""
+    if len(draft) <= max_chars:
+        return draft
+    cut = draft[:max_chars]
+    nl = cut.rfind("\n")
+    return cut[:nl] if nl > 0 and cut[:nl].strip() else cut
+
+
+def _is_id(c: str) -> bool:
+    return c == "_" or c.isalnum()
+
+
+def _boundary(s: str, i: int) -> bool:
+    """Whether position ``i`` of ``s`` is not inside an identifier (a token may start there)."""
+    return i <= 0 or i >= len(s) or not (_is_id(s[i - 1]) and _is_id(s[i]))
+
+
+# --- prompt lookup ---------------------------------------------------------------------------
+
+
+def _back_match(a: str, i: int, b: str, j: int, known: int, cap: int) -> int:
+    """Length of the common suffix of ``a[:i]`` and ``b[:j]``, known to be at least ``known``,
+    counted up to ``cap`` (compared in slices, then by characters where they differ)."""
+    m = known
+    cap = min(cap, i, j)
+    while m < cap:
+        n = min(32, cap - m)
+        if a[i - m - n : i - m] == b[j - m - n : j - m]:
+            m += n
+            continue
+        while a[i - m - 1] == b[j - m - 1]:
+            m += 1
+        return m
+    return m
+
+
+@dataclass(frozen=True)
+class _Right:
+    """What must follow a two-sided match: the start of the text after the cursor, up to the
+    end of its first non-blank line (``whole``: then the line end must follow too) or
+    ``right_chars`` characters into that line's content."""
+
+    key: str
+    whole: bool
+
+
+def _right_key(text: str, off: int, right_chars: int, reach: int = 400) -> _Right | None:
+    i, n = off, len(text)
+    while i <= n and i - off <= reach:
+        nl = text.find("\n", i)
+        end = n if nl < 0 else nl
+        seg = text[i:end]
+        content = seg.lstrip()
+        if content:
+            start = end - len(content)
+            if len(content.rstrip()) <= right_chars:
+                return _Right(text[off:start] + content.rstrip(), True)
+            return _Right(text[off : start + right_chars], False)
+        if nl < 0:
+            return None
+        i = nl + 1
+    return None
+
+
+@dataclass(frozen=True)
+class _Hit:
+    match: int  # characters of agreement: left of the cursor (token-aligned, capped) + right
+    where: int  # 0: this buffer before the cursor, 1: after it, 2 + i: others[i]
+    distance: int  # from the cursor (this buffer) or from the document start (others)
+    draft: str
+
+    def rank(self) -> tuple[int, int, int]:
+        return (-self.match, self.where, self.distance)
+
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """The longest earlier occurrence of the text just before the cursor, and what followed.
+
+    The *key* is a suffix of the text before the cursor, at least ``min_match`` characters,
+    not whitespace only, starting on a token boundary (never inside an identifier, on either
+    side of the match). Its occurrences are looked up with ``str.rfind`` / ``str.find`` from
+    the cursor outwards: before the cursor, after it, then in each other open document; each
+    occurrence's agreement is extended leftwards (up to ``max_match`` characters). After
+    ``hits`` occurrences in one place only longer agreements are searched for there (the key
+    grows past the best agreement so far), so a common key costs a bounded number of probes
+    and the longest agreement is still found.
+
+    What followed an occurrence (never past the cursor, for one before it) becomes the draft:
+    for a single-line hole up to the end of that line; for a span up to ``max_lines`` lines
+    (stopping at a blank line). When the start of the text after the cursor follows within
+    that reach (the first non-blank line after the cursor, whole, or its first
+    ``right_chars`` characters) the match is *two-sided*: the draft is exactly what lies
+    between, and the right agreement counts towards the match. Ranking: the longest match,
+    then this buffer before the cursor, after it, the other documents in order; the nearest
+    first within each (an if/elif ladder continues like the branch above it, not like the
+    ``else`` below).
+
+    Speed (measured on a 2-core AMD EPYC VM, CPython 3.11; a 2000-line Python buffer of
+    stdlib code, 73 kB, 300 cursor places: empty lines, and typing at the end or the middle of
+    a line): median 0.06-0.12 ms, p90 0.2-0.5 ms per call; a 10 000-line buffer: median
+    0.3 ms, p90 0.6 ms. ``propose`` with all three sources: median 0.2 ms while typing in a
+    line, 2 ms on an empty line (the analogy rules measure line similarities there; p90 6 ms).
+    """
+
+    name = LOOKUP
+    min_match: int = 8
+    max_match: int = 256
+    hits: int = 32
+    max_lines: int = 4
+    right_chars: int = 12
+    candidates: int = 4
+    others_chars: int = 2_000_000  # other documents searched, in order, up to this many chars
+
+    def propose(self, q: DraftQuery) -> list[Draft]:
+        q, crlf = _as_lf(q)
+        text, off = q.text, _cursor(q)
+        seed = self._seed(text, off)
+        if seed is None:
+            return []
+        right = _right_key(text, off, self.right_chars)
+        hits: list[_Hit] = []
+        self._before(q, seed, right, hits)
+        self._forward(q, text, off, 1, seed, right, hits)
+        budget = self.others_chars
+        for i, other in enumerate(q.others):
+            if len(other) > budget:
+                break
+            budget -= len(other)
+            self._forward(q, other, 0, 2 + i, seed, right, hits)
+        hits.sort(key=_Hit.rank)
+        out: list[Draft] = []
+        seen: set[str] = set()
+        for h in hits:
+            if h.draft not in seen:
+                seen.add(h.draft)
+                out.append(Draft(h.draft, self.name))
+                if len(out) >= self.candidates:
+                    break
+        return _restore(out, crlf)
+
+    def _seed(self, text: str, off: int) -> int | None:
+        """The shortest usable key length: ``min_match`` or more, a non-blank character in it,
+        starting on a token boundary."""
+        limit = min(off, self.max_match)
+        tail = text[off - limit : off]
+        k = max(self.min_match, len(tail) - len(tail.rstrip()) + 1)
+        while k <= limit:
+            if _boundary(text, off - k):
+                return k
+            k += 1
+        return None
+
+    def _hit(self, q: DraftQuery, hay: str, e: int, k: int, where: int, distance: int,
+             right: _Right | None) -> tuple[int, _Hit | None]:
+        """The raw left agreement of the occurrence ending at ``hay[e]``, and its hit (None when
+        it agrees too little once token-aligned, or gives nothing usable to insert)."""
+        text, off = q.text, _cursor(q)
+        raw = _back_match(text, off, hay, e, k, self.max_match)
+        m = raw
+        while m >= self.min_match and not (_boundary(text, off - m) and _boundary(hay, e - m)):
+            m -= 1
+        if m < self.min_match or not text[off - m : off].strip():
+            return raw, None
+        limit = off if where == 0 else len(hay)
+        got = self._continuation(q, hay, e, limit, right)
+        if got is None:
+            return raw, None
+        agree, draft = got
+        return raw, _Hit(m + agree, where, distance, draft)
+
+    def _before(self, q: DraftQuery, seed: int, right: _Right | None, hits: list[_Hit]) -> None:
+        text, off = q.text, _cursor(q)
+        k, key, end, n, best = seed, text[off - seed : off], off - 1, 0, 0
+        while True:
+            p = text.rfind(key, 0, end)  # an occurrence ending at or before `end`
+            if p < 0:
+                return
+            e = p + k
+            raw, hit = self._hit(q, text, e, k, 0, off - e, right)
+            if hit is not None:
+                hits.append(hit)
+            best = max(best, raw)
+            n += 1
+            end = e - 1
+            if n >= self.hits:  # from now on only longer agreements, farther away
+                k = best + 1
+                if k > min(off, self.max_match):
+                    return
+                key = text[off - k : off]
+
+    def _forward(self, q: DraftQuery, hay: str, start: int, where: int, seed: int,
+                 right: _Right | None, hits: list[_Hit]) -> None:
+        text, off = q.text, _cursor(q)
+        k, key, pos, n, best = seed, text[off - seed : off], start, 0, 0
+        while True:
+            p = hay.find(key, pos)
+            if p < 0:
+                return
+            e = p + k
+            raw, hit = self._hit(q, hay, e, k, where, p - start, right)
+            if hit is not None:
+                hits.append(hit)
+            best = max(best, raw)
+            n += 1
+            pos = p + 1
+            if n >= self.hits:  # from now on only longer agreements, ending farther away
+                k = best + 1
+                if k > min(off, self.max_match):
+                    return
+                key = text[off - k : off]
+                pos = max(start, e + 1 - k)
+
+    def _continuation(self, q: DraftQuery, hay: str, e: int, limit: int,
+                      right: _Right | None) -> tuple[int, str] | None:
+        """(right agreement, draft) from what follows ``hay[e]`` (before ``limit``); None when
+        it gives nothing usable to insert."""
+        reach = q.max_chars + (len(right.key) if right else 0) + 1
+        window = hay[e : min(limit, e + reach)]
+        at_end = e + len(window) >= len(hay)
+        # where the draft may end: the line end (single line), or max_lines lines on
+        area = -1
+        for _ in range(self.max_lines if q.multiline else 1):
+            area = window.find("\n", area + 1)
+            if area < 0:
+                break
+        area = len(window) if area < 0 else area
+        if right is not None:
+            idx = window.find(right.key)
+            while 0 <= idx <= area:
+                if not right.whole or _line_ends(window, idx + len(right.key), at_end):
+                    if idx == 0:
+                        return None  # our text follows at once: nothing goes in between
+                    draft = _fit(window[:idx], q.max_chars)
+                    return (len(right.key), draft) if _usable(draft, q) else None
+                idx = window.find(right.key, idx + 1)
+        if q.multiline:
+            lines: list[str] = []
+            for line in window[:area].split("\n"):
+                if not line.strip() and any(x.strip() for x in lines):
+                    break  # a blank line ends the block
+                lines.append(line.rstrip())
+            draft = "\n".join(lines).rstrip()
+        else:
+            draft = window[:area].rstrip()
+        draft = _fit(draft, q.max_chars)
+        return (0, draft) if _usable(draft, q) else None
+
+
+def _line_ends(window: str, i: int, at_text_end: bool) -> bool:
+    """Whether only spaces/tabs lie between ``window[i]`` and a line end (or the text's end)."""
+    j = i
+    while j < len(window) and window[j] in " \t":
+        j += 1
+    return (j < len(window) and window[j] == "\n") or (j == len(window) and at_text_end)
+
+
+# --- analogy ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Analogy:
+    """:func:`.analogy.analogy_completion` on the lines it looks at (``window_before`` lines
+    before the cursor line, ``window_after`` after it: only those are cut out of the
+    document). The draft starts where the cursor is (the indentation typed, or the space
+    after a word, is not repeated) and, on one line, stops where the line's rest right of the
+    cursor begins when it ends with that rest."""
+
+    name = ANALOGY
+    max_lines: int = 4
+    window_before: int = 200
+    window_after: int = 100
+
+    def propose(self, q: DraftQuery) -> list[Draft]:
+        q, crlf = _as_lf(q)
+        text, off = q.text, _cursor(q)
+        start = off
+        for _ in range(self.window_before + 1):
+            start = text.rfind("\n", 0, start)
+            if start < 0:
+                break
+        start += 1  # 0 when the text ran out
+        end = off - 1
+        for _ in range(self.window_after + 1):
+            end = text.find("\n", end + 1)
+            if end < 0:
+                end = len(text)
+                break
+        got = analogy_completion(text[start:off], text[off:end], multiline=q.multiline,
+                                 max_lines=self.max_lines, window_before=self.window_before,
+                                 window_after=self.window_after)
+        left, right = _line_around(text, off)
+        typed = left[len(left.rstrip()) :]  # the indentation, or the spaces after a word, typed
+        if typed:  # the draft starts where the cursor is: not repeating them
+            got = got[len(typed) :] if got.startswith(typed) else got.lstrip(" \t")
+        got = _fit(_before_rest(got, right), q.max_chars)
+        return _restore([Draft(got, self.name)], crlf) if _usable(got, q) else []
+
+
+# --- typeahead -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Typeahead:
+    """The rest of a suggestion shown earlier for this document (``q.recalled``, best/newest
+    first), after the longest overlap between the end of the text before the cursor and the
+    suggestion's start (``"total += x"`` with ``"tot"`` typed: ``"al += x"``). The overlap
+    starts on a token boundary and holds a non-blank character, or is the indentation typed
+    on an otherwise blank line; with the line left of the cursor blank and no overlap the
+    whole suggestion is proposed (the cursor is where it was shown); otherwise nothing."""
+
+    name = TYPEAHEAD
+    candidates: int = 4
+
+    def propose(self, q: DraftQuery) -> list[Draft]:
+        q, crlf = _as_lf(q)
+        text, off = q.text, _cursor(q)
+        left, right = _line_around(text, off)
+        out: list[Draft] = []
+        seen: set[str] = set()
+        for rec in q.recalled:
+            rest = self._rest(text, off, left, rec)
+            if rest is None:
+                continue
+            if not q.multiline:
+                rest = rest.split("\n", 1)[0].rstrip()
+            rest = _fit(_before_rest(rest, right), q.max_chars)
+            if rest not in seen and _usable(rest, q):
+                seen.add(rest)
+                out.append(Draft(rest, self.name))
+                if len(out) >= self.candidates:
+                    break
+        return _restore(out, crlf)
+
+    @staticmethod
+    def _rest(text: str, off: int, left: str, rec: str) -> str | None:
+        if not rec.strip():
+            return None
+        lo = max(0, off - len(rec))
+        first = rec[0]
+        i = text.find(first, lo, off)
+        while i >= 0:  # the longest overlap first
+            typed = text[i:off]
+            if len(typed) < len(rec) and rec.startswith(typed):
+                if typed.strip() and _boundary(text, i):
+                    return rec[len(typed) :]
+                if not typed.strip() and "\n" not in typed and not left.strip():
+                    return rec[len(typed) :]  # the indentation typed since it was shown
+            i = text.find(first, i + 1, off)
+        return rec if not left.strip() else None
+
+
+DEFAULT_SOURCES: tuple[DraftSource, ...] = (PromptLookup(), Analogy(), Typeahead())
+"""The fixed order: lookup, analogy, typeahead."""
+
+
+def propose(
+    q: DraftQuery,
+    sources: Sequence[DraftSource] = DEFAULT_SOURCES,
+    limit: int = 3,
+    per_source: int = 1,
+) -> list[Draft]:
+    """At most ``limit`` distinct drafts: each source's first ``per_source`` proposals, in the
+    order of ``sources``; a text already proposed by an earlier source is dropped (the first
+    source wins) and does not make room for that source's next guess."""
+    lf, crlf = _as_lf(q)
+    out: list[Draft] = []
+    seen: set[str] = set()
+    for src in sources:
+        if len(out) >= limit:
+            break
+        for d in src.propose(lf)[:per_source]:
+            if d.text not in seen and len(out) < limit:
+                seen.add(d.text)
+                out.append(d)
+    return _restore(out, crlf)
