@@ -101,6 +101,7 @@ from .sampler import (
     denoise_step,
     draft_tensor,
     initial_state,
+    rank_candidates,
     run_steps,
     stack_canvases,
 )
@@ -327,7 +328,9 @@ class Engine:
         ``temperature`` / ``seed`` override the sampler's. ``drafts`` (token ids of candidate
         middles to verify, :mod:`.sampler` *Drafts*): the first :data:`MAX_DRAFTS` distinct
         ones that fit the longest hole with a slot to spare and hold no terminator or mask
-        id; the others are left out (the request's ``drafts`` are the ones kept, in order)."""
+        id; the others are left out (the request's ``drafts`` are the ones kept, in order).
+        The request ends after its verification step once ``candidates`` drafts are
+        verified (``InfillRequest.wanted``)."""
         lens = (
             tuple(candidate_lengths(lengths))
             if lengths is not None
@@ -356,7 +359,7 @@ class Engine:
                 changes["threshold"] = threshold
         sc = dataclasses.replace(self.sampler, **changes)
         req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel,
-                            self.usable_drafts(drafts, max(lens)))
+                            self.usable_drafts(drafts, max(lens)), max(1, candidates))
         check_request(cfg, req)
         return req
 
@@ -513,9 +516,11 @@ class Engine:
 
     def _dreamon(self, req: InfillRequest) -> list[Infill]:
         """DreamOn's decoding of one request. Its drafts are verified first, by the sampler's
-        rule on a fixed canvas of the longest starting length (one forward): a verified
-        draft answers; otherwise DreamOn decodes as usual (a partly accepted draft is not
-        carried over: the hole it would sit in changes length)."""
+        rule on a fixed canvas of the longest starting length (one forward): ``wanted``
+        verified drafts answer; otherwise DreamOn decodes as usual and the verified drafts are
+        ranked with its candidates (a partly accepted draft is not carried over: the hole it
+        would sit in changes length)."""
+        verified: list[Infill] = []
         if req.drafts:
             sc = dataclasses.replace(req.sampler, steps=1, threshold=None,
                                      lengths=(max(req.sampler.lengths),))
@@ -523,10 +528,12 @@ class Engine:
             if isinstance(res, InfillCancelled):
                 raise res
             verified = [c for c in res if c.verified]
-            if verified:
+            if len(verified) >= req.wanted:
                 return verified
-        return infill_dreamon(self.model, self.config, req.prefix_ids, req.suffix_ids,
-                              req.sampler, req.cancel)
+        own = infill_dreamon(self.model, self.config, req.prefix_ids, req.suffix_ids,
+                             req.sampler, req.cancel)
+        both = verified + own
+        return rank_candidates(both, list(range(len(both))), True)
 
     # -- the batched denoising loop -----------------------------------------------------------
     def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:
@@ -554,7 +561,7 @@ class Engine:
             stepper = (cached_steps(self.model, cv, spec, refresh_every=opts.refresh_every)
                        if opts.refresh_every > 1 else EagerSteps(self.model, spec))
         out = run_steps(stepper, cv, state, rows, spec, [r.cancel for r in batch],
-                        vocab_size=cfg.vocab_size, draft=draft)
+                        vocab_size=cfg.vocab_size, draft=draft, wanted=[r.wanted for r in batch])
         return collect(out, len(batch), spec.terminators)
 
     def _graphs_for(self, cv: Canvas, spec: StepSpec) -> _StepGraphs:

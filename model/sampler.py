@@ -154,8 +154,11 @@ selection commits in that row, and the row goes on as any other. So:
 
 * a draft accepted with its end (run ``m + 1``) is *verified*: its row is complete after one
   step. The loop reads the draft rows' outcome once after step 0 (one host sync), and a
-  request with a verified draft is finished there: its other rows are let go and it is
-  answered by its verified drafts (``Infill.verified``, ``steps == 1``), ranked by score.
+  request with as many verified drafts as it wants (``InfillRequest.wanted``, 1 for an
+  editor's ghost text; the engine asks for its ``candidates``) is finished there: its other
+  rows are let go and it is answered by its verified drafts (``Infill.verified``,
+  ``steps == 1``), ranked by score. Otherwise the verified drafts wait for the rest and
+  everything is ranked together by score.
 * a partly accepted draft keeps its accepted run and the rest is denoised as usual, so it
   needs fewer steps of its own;
 * a rejected draft costs its row in the batch and nothing else.
@@ -687,13 +690,15 @@ def denoise_step(
 class InfillRequest:
     """One request as the decode loop (and the engine's batching) sees it. ``drafts``:
     candidate middles (token ids, no terminator) to verify (module doc, *Drafts*); each
-    takes one more row of the longest candidate length."""
+    takes one more row of the longest candidate length. ``wanted``: the request is finished
+    after the verification step once that many of its drafts are verified."""
 
     prefix_ids: list[int]
     suffix_ids: list[int]
     sampler: SamplerConfig
     cancel: Callable[[], bool] | None = None
     drafts: tuple[tuple[int, ...], ...] = ()
+    wanted: int = 1
 
     def row_lengths(self) -> list[int]:
         """The hole length of each of the request's rows: the candidate lengths, then one
@@ -842,7 +847,7 @@ class Decoded:
 
 def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows, spec: StepSpec,
               cancels: Sequence[Callable[[], bool] | None], *, vocab_size: int,
-              draft: DraftRows | None = None) -> Decoded:
+              draft: DraftRows | None = None, wanted: Sequence[int] = ()) -> Decoded:
     """THE decode loop, shared by :func:`infill`, the dual-cache sampler and the engine.
 
     Before each step every live request's ``cancels[i]()`` is asked; a cancelled request's
@@ -852,9 +857,9 @@ def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows,
     host synchronisation.
 
     ``draft`` (rows verifying drafts): step 0 is their verification step; then one host
-    synchronisation reads what each draft row accepted, a request with a fully accepted
-    draft is finished (its other rows are let go) and the loop stops if nothing is left
-    masked.
+    synchronisation reads what each draft row accepted; a request with ``wanted[i]``
+    (default 1) verified drafts is finished (its other rows are let go), and the loop stops
+    when no request is left.
     """
     live = sorted({o for o in rows.owner if o >= 0})
     cancelled: dict[int, InfillCancelled] = {}
@@ -898,12 +903,13 @@ def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows,
             # the one host synchronisation of the draft rows: what each one accepted
             acc, ver = draft_outcome(canvas, state, verifying, spec.terminators)
             acc_l, ver_l = acc.tolist(), ver.tolist()
-            finished = set()
+            got: dict[int, int] = {}
             for r, d in enumerate(rows.draft):
                 if d >= 0 and rows.owner[r] >= 0:
                     rows.accepted[r], rows.verified[r] = acc_l[r], ver_l[r]
-                    if ver_l[r]:
-                        finished.add(rows.owner[r])
+                    got[rows.owner[r]] = got.get(rows.owner[r], 0) + ver_l[r]
+            finished = {o for o, k in got.items()
+                        if k > 0 and k >= (wanted[o] if o < len(wanted) else 1)}
             if finished:  # the verified drafts are the answer: the other rows go
                 let_go([r for r, o in enumerate(rows.owner)
                         if o >= 0 and (o not in finished or rows.verified[r])])
@@ -977,7 +983,8 @@ def decode(model: Any, cfg: ModelConfig, requests: Sequence[InfillRequest], *,
     rows = batch_rows(requests, device)
     out = run_steps(steps, cv, initial_state(cv), rows, spec, [r.cancel for r in requests],
                     vocab_size=cfg.vocab_size,
-                    draft=draft_tensor(rows, requests, cv.hole_pos.shape[1], device))
+                    draft=draft_tensor(rows, requests, cv.hole_pos.shape[1], device),
+                    wanted=[r.wanted for r in requests])
     return collect(out, len(requests), spec.terminators, dedup=dedup)
 
 
@@ -1037,15 +1044,17 @@ def infill(
     dedup: bool = True,
     select_impl: str | None = None,
     drafts: Sequence[Sequence[int]] = (),
+    wanted: int = 1,
 ) -> list[Infill]:
     """Fill the hole between prefix and suffix; best candidate first (see module doc).
 
     All candidate lengths (and one row per draft in ``drafts``, module doc *Drafts*) run in
-    one batch, one forward per step (:func:`run_steps`).
+    one batch, one forward per step (:func:`run_steps`); with ``wanted`` drafts verified the
+    request ends after its first step.
     Raises :class:`InfillCancelled` if ``cancel()`` returns True before a step.
     ``select_impl``: see :class:`StepSpec` (None: the plain torch step).
     """
-    req = InfillRequest(prefix_ids, suffix_ids, sc, cancel, tuple(tuple(d) for d in drafts))
+    req = InfillRequest(prefix_ids, suffix_ids, sc, cancel, tuple(tuple(d) for d in drafts), wanted)
     (res,) = decode(model, cfg, [req], select_impl=select_impl, dedup=dedup)
     if isinstance(res, InfillCancelled):
         raise res
@@ -1066,12 +1075,13 @@ def infill_reference(
     *,
     dedup: bool = True,
     drafts: Sequence[Sequence[int]] = (),
+    wanted: int = 1,
 ) -> list[Infill]:
     """Slow, obviously correct version of :func:`infill`: one candidate at a time (each
     draft verified alone), a full forward (full-vocabulary logits at every position) per
     step, Python loops over slots. Same rules, same results."""
     req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel,
-                        tuple(tuple(d) for d in drafts))
+                        tuple(tuple(d) for d in drafts), wanted)
     check_request(cfg, req)
     seed = sc.seed if sc.seed is not None else secrets.randbits(62)
     lengths = req.row_lengths()
@@ -1079,7 +1089,7 @@ def infill_reference(
     cands = [_reference_row(model, cfg, req, n, seed, r - n_model if r >= n_model else -1)
              for r, n in enumerate(lengths)]
     verified = [c for c in cands if c.verified]
-    if verified:  # a request with a verified draft is answered by its verified drafts
+    if verified and len(verified) >= wanted:  # answered by its verified drafts alone
         cands = verified
     return rank_candidates(cands, list(range(len(cands))), dedup)
 

@@ -225,6 +225,26 @@ async def test_completion_item_shape(client: LanguageClient):
     assert st.model_calls == before.model_calls and st.cache_hits == before.cache_hits + 1
 
 
+async def test_a_repeated_line_is_a_draft_verified_in_one_step(client: LanguageClient):
+    """Draft and verify: the second copy of a function asks for the line the first one
+    holds; prompt lookup proposes it, the model (the script writes " a + b" there) verifies
+    it in its first step, and the answer takes that one step."""
+    second = cut(ADD, "total = a + b", "total =")
+    text = ADD + "\n" + second
+    row = ADD.count("\n") + 2  # the "    total =" line of the second copy
+    uri = open_doc(client, text)
+    before = await status(client)
+    res = await inline(client, uri, end_of(text, row, client.encoding))
+    st = await status(client)
+    assert [i.insert_text for i in res.items] == [" a + b"]
+    assert st.model_calls == before.model_calls + 1
+    assert st.drafts.accepted == before.drafts.accepted + 1
+    assert st.drafts.accepted_by_source.lookup == getattr(
+        before.drafts.accepted_by_source, "lookup", 0) + 1
+    assert (st.last_context.steps, st.last_context.source) == (1, "lookup")
+    assert "lookup" in st.last_context.drafts
+
+
 async def test_positions_with_emoji_in_each_encoding(client: LanguageClient):
     enc = client.encoding
     text = cut(GREET, 'message = "hello " + name', 'message = "hello 😀" + na')

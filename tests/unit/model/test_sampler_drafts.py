@@ -84,11 +84,11 @@ class Designed(nn.Module):
         return self.forward_hidden(ids, attention_mask)[0]
 
 
-def designed(drafts, *, ratio=0.5, steps=4, lengths=(4,), dedup=True,
+def designed(drafts, *, ratio=0.5, steps=4, lengths=(4,), dedup=True, wanted=1,
              **kw) -> tuple[list[Infill], Designed]:
     m = Designed()
     sc = SamplerConfig(steps=steps, lengths=lengths, draft_ratio=ratio, **kw)
-    return infill(m, cfg(), PREFIX, SUFFIX, sc, drafts=drafts, dedup=dedup), m
+    return infill(m, cfg(), PREFIX, SUFFIX, sc, drafts=drafts, dedup=dedup, wanted=wanted), m
 
 
 def test_a_draft_the_model_agrees_with_is_verified_in_one_step():
@@ -145,6 +145,17 @@ def test_several_drafts_verified_are_ranked_by_score():
     assert all(r.verified for r in res)
 
 
+def test_a_request_wanting_more_keeps_decoding_and_ranks_all_together():
+    res, m = designed([[5, 7]], wanted=2, dedup=False)
+    assert m.forwards > 1  # one verified draft, two wanted: the model rows go on
+    assert {(tuple(r.ids), r.draft, r.verified) for r in res} >= {((5, 7), 0, True), ((5, 7), None, False)}
+    assert next(r for r in res if r.verified).steps == 1
+    ref = infill_reference(Designed(), cfg(), PREFIX, SUFFIX,
+                           SamplerConfig(steps=4, lengths=(4,), draft_ratio=0.5), drafts=[[5, 7]],
+                           wanted=2, dedup=False)
+    assert key(res) == key(ref)
+
+
 def test_one_step_leaves_nothing_masked():
     res = infill(Designed(), cfg(), PREFIX, SUFFIX,
                  SamplerConfig(steps=1, lengths=(4,), draft_ratio=0.9), drafts=[[6, 7]], dedup=False)
@@ -188,8 +199,8 @@ def own_answer(model, c, pre, suf, sc) -> list[int]:
 @pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("threshold", [None, 0.6])
 @pytest.mark.parametrize("block", [None, 2])
-@pytest.mark.parametrize("ratio", [1e-3, 0.3, 1.0])
-def test_fast_matches_reference_with_drafts(shift, threshold, block, ratio):
+@pytest.mark.parametrize("ratio,wanted", [(1e-3, 1), (1e-3, 2), (0.3, 1), (1.0, 1)])
+def test_fast_matches_reference_with_drafts(shift, threshold, block, ratio, wanted):
     model, c = tiny(shift)
     runs = [  # temperature, absorb, steps, prefix, suffix
         (0.0, True, 4, [1, 2, 3, 4, 5], [6, 7]),
@@ -202,8 +213,8 @@ def test_fast_matches_reference_with_drafts(shift, threshold, block, ratio):
                            lengths=(2, 7), absorb_pad=absorb, block=block, draft_ratio=ratio)
         mine = own_answer(model, c, pre, suf, sc)
         drafts = [d for d in ([4, 5, 6], mine, [7] * 5, mine[:1]) if 0 < len(d) < 7]
-        fast = infill(model, c, pre, suf, sc, dedup=False, drafts=drafts)
-        ref = infill_reference(model, c, pre, suf, sc, dedup=False, drafts=drafts)
+        fast = infill(model, c, pre, suf, sc, dedup=False, drafts=drafts, wanted=wanted)
+        ref = infill_reference(model, c, pre, suf, sc, dedup=False, drafts=drafts, wanted=wanted)
         same(fast, ref)
         verified += any(r.verified for r in fast)
     if ratio < 0.01:
@@ -280,6 +291,11 @@ def test_engine_keeps_usable_drafts_and_indexes_them():
     req = eng.make_request([1, 2], [3], lengths=(4,),
                            drafts=[[5], [], [5], [T_EOS], [1, 2, 3, 4], [6], [7], [8], [9]])
     assert req.drafts == ((5,), (6,), (7,), (8,))[:MAX_DRAFTS]
+    assert req.wanted == 1 and eng.make_request([1], [], lengths=(4,), candidates=3).wanted == 3
+    # candidates index the drafts as given (the empty one left out still counts)
+    res = Engine(make_lm(), SamplerConfig(steps=3, draft_ratio=0.0)).infill(
+        [1, 2], [3], lengths=(4,), drafts=[[], [5, 6]])
+    assert [(r.ids, r.draft, r.verified) for r in res] == [([5, 6], 1, True)]
 
 
 def test_default_sampler_takes_the_checkpoint_ratio():
