@@ -246,18 +246,27 @@ class Completer:
                    recalled: Sequence[str] = ()) -> list[Draft]:
         """The drafts worth sending for the cursor at ``offset``: proposed
         (:func:`.drafts.propose`; a span when the multi-line policy allows several lines
-        here) and kept only when post-processing and the syntax guard would keep them as
-        they are."""
+        here), as post-processing would show them. A draft that post-processing or the
+        syntax guard drops is cut back to its longest run of whole first lines that is kept
+        (a copied block whose last lines break the file still offers its first ones), or
+        left out."""
         multi = multiline if multiline is not None else (
             self.options.multiline != "always-single" and not ctx.line_suffix.strip())
         q = DraftQuery(text=text, offset=offset, others=tuple(others), recalled=tuple(recalled),
                        multiline=bool(multi))
-        kept = []
+        kept: list[Draft] = []
         for d in propose(q):
-            got = finish([Candidate(text=d.text, score=0.0)], ctx, policy=self.options.multiline,
-                         multiline=multiline, n=1, guard=guard)
-            if got and got[0].text == d.text and got[0].replace_right == 0:
-                kept.append(d)
+            lines = d.text.split("\n")
+            for k in range(len(lines), 0, -1):
+                head = "\n".join(lines[:k])
+                if not head.strip():
+                    continue
+                got = finish([Candidate(text=head, score=0.0)], ctx, policy=self.options.multiline,
+                             multiline=multiline, n=1, guard=guard)
+                if got and got[0].replace_right == 0:
+                    if all(got[0].text != x.text for x in kept):
+                        kept.append(Draft(got[0].text, d.source))
+                    break
         return kept
 
     def _verified(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None,

@@ -224,7 +224,10 @@ class PromptLookup:
     """
 
     name = LOOKUP
-    min_match: int = 8
+    # 16, not 8: an 8-character key is often just the end of a line ("(values)\n"), weak
+    # evidence, and the model does not veto what follows it; on held-out seed 1 (200 lines,
+    # 100 spans) 8 / 16 / 32 gave the same exact match and edit similarity within 0.005
+    min_match: int = 16
     max_match: int = 256
     hits: int = 32
     max_lines: int = 4

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from diffill.lsp_server.drafts import (
     DEFAULT_SOURCES,
@@ -12,6 +14,9 @@ from diffill.lsp_server.drafts import (
     Typeahead,
     propose,
 )
+
+LOOK = PromptLookup(min_match=8)  # the mechanics on short buffers; the default is 16
+SOURCES = (LOOK, Analogy(), Typeahead())
 
 
 def query(marked: str, **kw) -> DraftQuery:
@@ -24,7 +29,7 @@ def texts(drafts: list[Draft]) -> list[tuple[str, str]]:
 
 
 def lookup(marked: str, **kw) -> list[str]:
-    return [d.text for d in PromptLookup().propose(query(marked, **kw))]
+    return [d.text for d in LOOK.propose(query(marked, **kw))]
 
 
 LADDER = '''def grade(score):
@@ -67,15 +72,15 @@ def test_if_elif_ladder_continues_like_the_branch_above():
     # in the indentation: the same key (":\n" + 8 spaces) follows every branch; equal
     # agreement -> before the cursor first, nearest first (the "else" below comes last)
     q = query(LADDER.replace("CURSOR", "        |"))
-    assert [d.text for d in PromptLookup().propose(q)] == ['return "B"', 'return "A"', 'return "F"']
+    assert [d.text for d in LOOK.propose(q)] == ['return "B"', 'return "A"', 'return "F"']
     # analogy says the same (the successor of the most similar line): deduplicated
-    assert texts(propose(q)) == [("lookup", 'return "B"')]
+    assert texts(propose(q, sources=SOURCES)) == [("lookup", 'return "B"')]
     # mid-line
     assert lookup(LADDER.replace("CURSOR", "        return |"))[0] == '"B"'
     # at column 0 of an empty line (the evaluation's line holes): the key ":\n" is too short
     # for a lookup; analogy re-indents the successor of "elif score >= 80:"
     q0 = query(LADDER.replace("CURSOR", "|"))
-    assert texts(propose(q0)) == [("analogy", '        return "B"')]
+    assert texts(propose(q0, sources=SOURCES)) == [("analogy", '        return "B"')]
 
 
 def test_repeated_call():
@@ -167,15 +172,15 @@ def test_text_already_right_of_the_cursor_is_not_proposed():
 
 def test_cursor_at_the_ends_of_the_text():
     text = "value = compute(a, b)\nvalue = compute("
-    for src in DEFAULT_SOURCES:
+    for src in SOURCES:
         assert src.propose(DraftQuery(text, 0)) == []
         assert src.propose(DraftQuery("", 0)) == []
-    assert propose(DraftQuery(text, len(text))) == [
+    assert propose(DraftQuery(text, len(text)), sources=SOURCES) == [
         Draft("a, b)", "lookup")
     ]
     # offsets out of range are clamped
-    assert propose(DraftQuery(text, len(text) + 10)) == [Draft("a, b)", "lookup")]
-    assert propose(DraftQuery(text, -3)) == []
+    assert propose(DraftQuery(text, len(text) + 10), sources=SOURCES) == [Draft("a, b)", "lookup")]
+    assert propose(DraftQuery(text, -3), sources=SOURCES) == []
 
 
 def test_crlf_text():
@@ -183,11 +188,11 @@ def test_crlf_text():
     assert lookup(src) == ["process(x)"]
     assert lookup(src, multiline=True) == ["process(x)\r\nsave(x)"]
     # analogy says the same: one draft
-    assert texts(propose(query(src, multiline=True))) == [("lookup", "process(x)\r\nsave(x)")]
+    assert texts(propose(query(src, multiline=True), sources=SOURCES)) == [("lookup", "process(x)\r\nsave(x)")]
     # the cursor between "\r" and "\n" counts as at the line end
     q = query("value = compute(a, b)\r\nvalue = compute(|\r\n")
     q = DraftQuery(q.text, q.offset + 1)
-    assert [d.text for d in PromptLookup().propose(q)] == ["a, b)"]
+    assert [d.text for d in LOOK.propose(q)] == ["a, b)"]
 
 
 def test_large_buffer():
@@ -195,12 +200,12 @@ def test_large_buffer():
     text = "".join(block.format(i=i) for i in range(2500))  # 10 000 lines
     text += "def g(x):\n    y = x * 7\n    return helper_7(|"
     q = query(text + "\n")
-    assert [d.text for d in PromptLookup().propose(q)][0] == "y)"
-    drafts = propose(q, limit=3)
+    assert [d.text for d in LOOK.propose(q)][0] == "y)"
+    drafts = propose(q, limit=3, sources=SOURCES)
     assert drafts[0] == Draft("y)", "lookup") and len(drafts) <= 3
     # a key with thousands of occurrences: only longer agreements are searched after `hits`
     q = query(text.rsplit("\n", 1)[0] + "\n    return |\n")
-    assert PromptLookup().propose(q)[0].text == "helper_7(y)"
+    assert LOOK.propose(q)[0].text == "helper_7(y)"
 
 
 # --- analogy --------------------------------------------------------------------------------
@@ -267,8 +272,8 @@ def test_propose_dedupes_across_sources_first_wins():
     q = query(src, recalled=['log.info("start", user=user, n=3)', 'log.info("start", n=4)'])
     # lookup, analogy and typeahead all say "user=user, n=3": one draft, from lookup; the
     # typeahead's second guess does not take the freed slot
-    assert texts(propose(q)) == [("lookup", "user=user, n=3")]
-    assert texts(propose(q, per_source=2)) == [
+    assert texts(propose(q, sources=SOURCES)) == [("lookup", "user=user, n=3")]
+    assert texts(propose(q, per_source=2, sources=SOURCES)) == [
         ("lookup", "user=user, n=3"),
         ("typeahead", "n=4"),
     ]
@@ -277,21 +282,21 @@ def test_propose_dedupes_across_sources_first_wins():
 def test_propose_one_per_source_in_order_and_limit():
     src = "acc = fetch(x, y, z)\nb = 1\nacc = fetch(p, q)\nc = 2\nacc = fetch(|, z)\n"
     q = query(src, recalled=["acc = fetch(r, z)"])
-    assert texts(propose(q)) == [
+    assert texts(propose(q, sources=SOURCES)) == [
         ("lookup", "x, y"),
         ("analogy", "p, q)"),
         ("typeahead", "r"),
     ]
-    assert texts(propose(q, limit=2)) == [("lookup", "x, y"), ("analogy", "p, q)")]
-    assert texts(propose(q, limit=1)) == [("lookup", "x, y")]
-    assert texts(propose(q, per_source=2, limit=3)) == [
+    assert texts(propose(q, limit=2, sources=SOURCES)) == [("lookup", "x, y"), ("analogy", "p, q)")]
+    assert texts(propose(q, limit=1, sources=SOURCES)) == [("lookup", "x, y")]
+    assert texts(propose(q, per_source=2, limit=3, sources=SOURCES)) == [
         ("lookup", "x, y"),
         ("lookup", "p, q)"),
         ("typeahead", "r"),
     ]
     assert propose(q, sources=[]) == []
     # sources in the order given
-    assert texts(propose(q, sources=[Typeahead(), PromptLookup()])) == [
+    assert texts(propose(q, sources=[Typeahead(), LOOK])) == [
         ("typeahead", "r"),
         ("lookup", "x, y"),
     ]
@@ -299,5 +304,17 @@ def test_propose_one_per_source_in_order_and_limit():
 
 def test_propose_is_deterministic():
     q = query(SIBLINGS, multiline=True, recalled=["    assert calc.sub(1, 2) == -1"])
-    assert propose(q) == propose(q) == propose(query(SIBLINGS, multiline=True,
-                                                     recalled=["    assert calc.sub(1, 2) == -1"]))
+    assert propose(q, sources=SOURCES) == propose(q, sources=SOURCES) == propose(query(SIBLINGS, multiline=True,
+                                                     recalled=["    assert calc.sub(1, 2) == -1"]), sources=SOURCES)
+
+
+def test_the_default_lookup_wants_a_16_character_key():
+    """The README's example: the body of ``variance`` after ``m = mean(values)``. The longest
+    earlier match of the text before the cursor is ``(values)\n`` (the end of ``mean``'s
+    return line), 9 characters: what followed it there (a blank line and the next def) is
+    no draft for the body."""
+    text = (Path(__file__).resolve().parents[3] / "examples" / "stats.py").read_text()
+    offset = sum(len(ln) for ln in text.splitlines(keepends=True)[:14])  # line 15, column 1
+    q = DraftQuery(text, offset, multiline=True)
+    assert PromptLookup().propose(q) == []
+    assert [d.text.split("\n")[2] for d in LOOK.propose(q)] == ["def variance(values):"]
