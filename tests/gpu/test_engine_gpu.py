@@ -3,8 +3,6 @@ bf16, against the eager/plain paths (skipped without CUDA)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ from diffill.model.cache import infill_cached
 from diffill.model.engine import Engine, EngineOptions
 from diffill.model.loader import LoadedModel
 from diffill.model.sampler import SamplerConfig, infill
-from support import tiny_model
+from support import one_batch, tiny_model
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -40,21 +38,7 @@ def prompts(n: int, seed: int = 0):
 
 
 def together(eng: Engine, reqs) -> list:
-    out: list = [None] * len(reqs)
-
-    def work(i: int) -> None:
-        pre, suf, lens = reqs[i]
-        out[i] = eng.infill(pre, suf, lengths=lens)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(reqs))]
-    with eng._lock:
-        for t in threads:
-            t.start()
-        while len(eng._queue) < len(reqs):
-            time.sleep(0.005)
-    for t in threads:
-        t.join()
-    return out
+    return one_batch(eng, [lambda r=r: eng.infill(r[0], r[1], lengths=r[2]) for r in reqs])
 
 
 def key(res):

@@ -15,6 +15,9 @@ diffill's own layout (config.json + model.safetensors + tokenizer.json).
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +121,28 @@ def write_diffill_checkpoint(
     (folder / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(dialect)))
     write_tokenizer(folder, cfg.vocab_size)
     return model.eval()
+
+
+def one_batch(eng: Any, calls: Sequence[Callable[[], Any]], timeout_s: float = 30.0) -> list:
+    """Run ``calls`` (each one ``eng.infill(...)`` or the like) on threads queued while the
+    engine's device lock is held, then release it: the engine takes them as one batch.
+    Returns each call's result, or the exception it raised."""
+    out: list = [None] * len(calls)
+
+    def work(i: int) -> None:
+        try:
+            out[i] = calls[i]()
+        except Exception as e:  # noqa: BLE001 - handed back to the test
+            out[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(calls))]
+    with eng._lock:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout_s
+        while len(eng._queue) < len(calls) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(eng._queue) == len(calls)
+    for t in threads:
+        t.join()
+    return out

@@ -15,7 +15,7 @@ from diffill.model.loader import LoadedModel
 from diffill.model.plan import BucketTiming, plan_from_timings
 from diffill.model.sampler import InfillCancelled, SamplerConfig, Strategy, infill
 from diffill.model.transformer import Transformer
-from support import tiny_lm
+from support import one_batch, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -40,26 +40,7 @@ def prompts(n: int, seed: int = 0) -> list[tuple[list[int], list[int], tuple[int
 
 def run_together(eng: Engine, reqs, **kw) -> list:
     """Queue all requests while the device is held, then release it: one batch."""
-    out: list = [None] * len(reqs)
-
-    def work(i: int) -> None:
-        pre, suf, lens = reqs[i]
-        try:
-            out[i] = eng.infill(pre, suf, lengths=lens, **kw)
-        except InfillCancelled as e:
-            out[i] = e
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(reqs))]
-    with eng._lock:
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while len(eng._queue) < len(reqs) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert len(eng._queue) == len(reqs)
-    for t in threads:
-        t.join()
-    return out
+    return one_batch(eng, [lambda r=r: eng.infill(r[0], r[1], lengths=r[2], **kw) for r in reqs])
 
 
 def _key(res):

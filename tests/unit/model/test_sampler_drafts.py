@@ -7,8 +7,6 @@ DreamOn path with drafts."""
 from __future__ import annotations
 
 import math
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from diffill.model.sampler import (
     infill,
     infill_reference,
 )
-from support import tiny_config, tiny_lm, tiny_model
+from support import one_batch, tiny_config, tiny_lm, tiny_model
 from torch import nn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -318,20 +316,8 @@ def test_engine_batches_with_drafts_equal_each_alone(opts):
     drafts = [[(own_answer(lm.model, lm.config, p, s, replace(sc, lengths=lens))
                 or [20])[: max(lens) - 1]] for p, s, lens in reqs]
     drafts[1] = [[21, 22]]
-    out: list = [None] * len(reqs)
-
-    def work(i: int) -> None:
-        p, s, lens = reqs[i]
-        out[i] = eng.infill(p, s, lengths=lens, drafts=drafts[i])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(reqs))]
-    with eng._lock:
-        for t in threads:
-            t.start()
-        while len(eng._queue) < len(reqs):
-            time.sleep(0.005)
-    for t in threads:
-        t.join()
+    out = one_batch(eng, [lambda r=r, d=d: eng.infill(r[0], r[1], lengths=r[2], drafts=d)
+                          for r, d in zip(reqs, drafts, strict=True)])
     assert eng.stats()["batches"] == 1
     assert any(r.verified for got in out for r in got)
     for (p, s, lens), d, got in zip(reqs, drafts, out, strict=True):
