@@ -51,7 +51,9 @@ PROMPTS = [
     ("def add_numbers(a, b):\n    total = a + b\n    return ", "\n"),
     ("def greet_user(name):\n    message = ", "\n    return message\n"),
     ("def is_even(number):\n    return number ", "\n"),
-    ("def celsius_to_kelvin(celsius):\n    kelvin = ", "\n    return kelvin\n"),
+    # an answer that fits the 8-token hole with its end: ranked first for certain (the
+    # script's answer tokens all score alike, so holes filled to the brim tie on float noise)
+    ("def reverse_words(sentence):\n    words = ", "\n    return words\n"),
 ]
 
 
@@ -322,8 +324,8 @@ def test_haproxy_scale_out(team: Team, trust: None, tmp_path: Path, capsys):
             lsp.open(uri, prefix + suffix)
             res = lsp.wait_for(lsp.inline_async(uri, *end_position(prefix)), 60)
             got.append([item["insertText"] for item in res["result"]["items"]])
-        # the scripted checkpoint's answers (the last one cut by the 8-token hole)
-        assert got == [["total"], ['"hello " + name'], ["% 2 == 0"], ["celsius + 273."]], got
+        # the scripted checkpoint's answers
+        assert got == [["total"], ['"hello " + name'], ["% 2 == 0"], ["sentence.split()"]], got
         st = lsp.request("diffill/status")["result"]
         assert lsp.shutdown() == 0
     finally:
