@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,22 +224,20 @@ class Completer:
                                       line_prefix=hctx.line_prefix + word,
                                       suffix_end=hctx.suffix_end + len(word))
             ds = checked(ctx)
-            raw = self._verified(hctx, n, cancel, steps, backend_kwargs, [word + d.text for d in ds],
-                                 lambda cs: finish(heal(cs, word), ctx, policy=policy,
-                                                   multiline=multiline, n=n, guard=guard, drafts=ds))
-            cands = heal(raw, word)
-            if cands:
-                sugg = finish(cands, ctx, policy=policy, multiline=multiline, n=n, guard=guard,
-                              drafts=ds)
-                if sugg:
-                    return CompletionResult(sugg, ctx, cands, list(ds))
+            cands, sugg = self._verified(
+                hctx, n, cancel, steps, backend_kwargs, [word + d.text for d in ds],
+                lambda raw: heal(raw, word),
+                lambda cs: finish(cs, ctx, policy=policy, multiline=multiline, n=n, guard=guard,
+                                  drafts=ds))
+            if sugg:
+                return CompletionResult(sugg, ctx, cands, list(ds))
         ctx = self.build(text, offset, language=language, path=path, snippets=snippets)
         ds = checked(ctx)
-        cands = self._verified(ctx, n, cancel, steps, backend_kwargs, [d.text for d in ds],
-                               lambda cs: finish(cs, ctx, policy=policy, multiline=multiline, n=n,
-                                                 guard=guard, drafts=ds))
-        sugg = finish(cands, ctx, policy=policy, multiline=multiline, n=n, guard=guard, drafts=ds)
-        return CompletionResult(sugg, ctx, list(cands), list(ds))
+        cands, sugg = self._verified(
+            ctx, n, cancel, steps, backend_kwargs, [d.text for d in ds], list,
+            lambda cs: finish(cs, ctx, policy=policy, multiline=multiline, n=n, guard=guard,
+                              drafts=ds))
+        return CompletionResult(sugg, ctx, cands, list(ds))
 
     def drafts_for(self, text: str, offset: int, ctx: FimContext, *, multiline: bool | None,
                    guard: SyntaxGuard | None, others: Sequence[str] = (),
@@ -271,14 +269,20 @@ class Completer:
 
     def _verified(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None,
                   backend_kwargs: dict[str, Any] | None, drafts: list[str],
-                  keeps: Any) -> list[Candidate]:
-        """The model's candidates with ``drafts`` verified; when all came back verified
-        (the request finished at its first step) and ``keeps(cands)`` keeps none of them,
-        the model runs again without drafts."""
-        cands = self._infill(ctx, n, cancel, steps, backend_kwargs, drafts)
-        if drafts and cands and all(c.verified for c in cands) and not keeps(cands):
-            cands = self._infill(ctx, n, cancel, steps, backend_kwargs)
-        return cands
+                  cut: Callable[[list[Candidate]], list[Candidate]],
+                  show: Callable[[list[Candidate]], list[Suggestion]],
+                  ) -> tuple[list[Candidate], list[Suggestion]]:
+        """The model's candidates with ``drafts`` verified, ``cut`` (token healing's, or as
+        they are), and the suggestions ``show`` makes of them; when all came back verified
+        (the request finished at its first step) and none is shown, the model runs again
+        without drafts."""
+        raw = self._infill(ctx, n, cancel, steps, backend_kwargs, drafts)
+        cands = cut(raw)
+        sugg = show(cands) if cands else []
+        if drafts and raw and all(c.verified for c in raw) and not sugg:
+            cands = cut(self._infill(ctx, n, cancel, steps, backend_kwargs))
+            sugg = show(cands) if cands else []
+        return cands, sugg
 
     def _infill(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None = None,
                 backend_kwargs: dict[str, Any] | None = None,

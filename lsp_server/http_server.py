@@ -537,14 +537,18 @@ class HttpFront:
             raise RequestError(503, what, kind="server_error", code="model_not_ready",
                                headers={"Retry-After": "5" if self.load_error is None else "60"})
 
-    def admit(self) -> None:
-        """Take a queue slot (429 when none is left)."""
+    def check_queue(self) -> None:
+        """429 (counted) when no queue slot is left."""
         if self.pending >= self.config.max_queue:
             self.count("rejected_429")
             raise RequestError(429, f"server busy: {self.pending} requests queued "
                                f"(limit {self.config.max_queue}); retry later",
                                kind="rate_limit_error", code="queue_full",
                                headers={"Retry-After": str(self.retry_after_s())})
+
+    def admit(self) -> None:
+        """Take a queue slot (429 when none is left)."""
+        self.check_queue()
         self.pending += 1
 
     def check_model(self, name: str | None) -> str:
@@ -814,12 +818,7 @@ class HttpFront:
             if request.path == "/v1/completions":
                 self.check_auth(request)
                 self.check_ready()
-                if self.pending >= self.config.max_queue:
-                    self.count("rejected_429")
-                    raise RequestError(429, f"server busy: {self.pending} requests queued "
-                                       f"(limit {self.config.max_queue}); retry later",
-                                       kind="rate_limit_error", code="queue_full",
-                                       headers={"Retry-After": str(self.retry_after_s())})
+                self.check_queue()
         except RequestError as e:
             if e.status != 429:
                 self.count(f"http_{e.status}")

@@ -44,7 +44,7 @@ import math
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -170,6 +170,31 @@ def _rows(sc: SamplerConfig, dc: DreamOnConfig) -> tuple[list[_Row], int]:
     return rows, cap
 
 
+class _Setup(NamedTuple):
+    """What the fast path and the reference both start from."""
+
+    expand: int
+    delete: int
+    dc: DreamOnConfig
+    sp: SpecialIds
+    rows: list[_Row]
+    cap: int
+    head: list[int]
+    tail: list[int]
+
+
+def _setup(cfg: ModelConfig, prefix_ids: list[int], suffix_ids: list[int], sc: SamplerConfig,
+           dc: DreamOnConfig | None, who: str) -> _Setup:
+    ids_ec = length_control_ids(cfg)
+    if ids_ec is None:
+        raise ValueError(f"{who} needs a recipe with expand/delete tokens (DreamOn)")
+    dc = dc or DreamOnConfig()
+    rows, cap = _rows(sc, dc)
+    head = canvas_start(cfg, len(prefix_ids)) + list(prefix_ids)
+    tail = list(suffix_ids) + canvas_end(cfg)
+    return _Setup(ids_ec[0], ids_ec[1], dc, SpecialIds.from_config(cfg), rows, cap, head, tail)
+
+
 def _finish(rows: list[_Row], sp: SpecialIds, dedup: bool) -> list[Infill]:
     cands = []
     for r in rows:
@@ -204,15 +229,8 @@ def infill_dreamon(
     ``head(hidden [..., D]) -> logits [..., V]``. Raises :class:`~.sampler.InfillCancelled`
     when ``cancel()`` returns True before a step, ValueError when the checkpoint has no
     length-control tokens."""
-    ids_ec = length_control_ids(cfg)
-    if ids_ec is None:
-        raise ValueError("infill_dreamon needs a recipe with expand/delete tokens (DreamOn)")
-    expand, delete = ids_ec
-    dc = dc or DreamOnConfig()
-    sp = SpecialIds.from_config(cfg)
-    rows, cap = _rows(sc, dc)
-    head = canvas_start(cfg, len(prefix_ids)) + list(prefix_ids)
-    tail = list(suffix_ids) + canvas_end(cfg)
+    expand, delete, dc, sp, rows, cap, head, tail = _setup(cfg, prefix_ids, suffix_ids, sc, dc,
+                                                           "infill_dreamon")
     dev = _model_device(model)
     s0 = len(head)
     step = 0
@@ -271,15 +289,8 @@ def infill_dreamon_reference(
     """Slow version of :func:`infill_dreamon`: one row at a time, a full forward
     (``model(ids) -> logits [1, T, V]``) at every step, slot by slot. Same rules, same
     results."""
-    ids_ec = length_control_ids(cfg)
-    if ids_ec is None:
-        raise ValueError("infill_dreamon_reference needs a recipe with expand/delete tokens")
-    expand, delete = ids_ec
-    dc = dc or DreamOnConfig()
-    sp = SpecialIds.from_config(cfg)
-    rows, cap = _rows(sc, dc)
-    head = canvas_start(cfg, len(prefix_ids)) + list(prefix_ids)
-    tail = list(suffix_ids) + canvas_end(cfg)
+    expand, delete, dc, sp, rows, cap, head, tail = _setup(cfg, prefix_ids, suffix_ids, sc, dc,
+                                                           "infill_dreamon_reference")
     dev = _model_device(model)
     for r in rows:
         step = 0
