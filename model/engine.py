@@ -323,8 +323,9 @@ class Engine:
         """Validate and resolve defaults; raises ValueError for a bad request.
 
         Hole lengths: ``lengths``, else :func:`default_lengths` of ``max_tokens`` and
-        ``candidates``. Steps: ``steps``, else the step plan's for the request's shapes and
-        ``budget_ms`` (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
+        ``candidates``. Steps: ``steps``, else the step plan's for the request's shapes, its
+        canvas rows (lengths + drafts kept) and ``budget_ms``
+        (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
         ``temperature`` / ``seed`` override the sampler's. ``drafts`` (token ids of candidate
         middles to verify, :mod:`.sampler` *Drafts*): the first :data:`MAX_DRAFTS` distinct
         ones that fit the longest hole with a slot to spare and hold no terminator or mask
@@ -349,8 +350,9 @@ class Engine:
             changes["temperature"] = float(temperature)
         if seed is not None:
             changes["seed"] = seed
+        kept = self.usable_drafts(drafts, max(lens))
         planned = None if steps is not None else self.budget.steps_for(
-            total - max(lens), max(lens), budget_ms)
+            total - max(lens), max(lens), budget_ms, rows=len(lens) + len(kept))
         if steps is not None:
             changes["steps"] = int(steps)
         elif planned is not None:
@@ -358,8 +360,8 @@ class Engine:
             if self.sampler.threshold is None:
                 changes["threshold"] = threshold
         sc = dataclasses.replace(self.sampler, **changes)
-        req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel,
-                            self.usable_drafts(drafts, max(lens)), max(1, candidates))
+        req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel, kept,
+                            max(1, candidates))
         check_request(cfg, req)
         return req
 

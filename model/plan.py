@@ -23,12 +23,21 @@ The policy
   from the same frozen timings (:meth:`StepPlan.for_budget`).
 * **How the timings are taken.** On CUDA every bucket that fits the model is measured
   (each a few ms). Elsewhere warm-up must stay quick (the first suggestion is due about a
-  second after the server starts), so two buckets are measured -- the smallest and the
-  largest that fit -- and a per-step cost model ``a + b * rows * (ctx + hole)`` fitted
-  through them predicts the others (:func:`fit_timings`; ``BucketTiming.source`` says
-  which is which). Warm-up keeps the fastest of its repeats (the step's cost without the
-  machine's other work; a busy machine then shows as latency, not as fewer steps). About
-  0.3 s for the shipped model on a quiet 2-core CPU.
+  second after the server starts), so two points are measured -- the smallest bucket with
+  one canvas row and the largest with the plan's rows -- and a per-step cost model
+  ``a + b * rows * (ctx + hole)`` fitted through them predicts every bucket
+  (:func:`fit_timings`; ``BucketTiming.source`` says which is which). Two points that
+  differ in rows as well as in length pin the slope down better than two lengths alone,
+  and a one-row step is cheap. Warm-up keeps the fastest of its repeats (the step's cost
+  without the machine's other work; a busy machine then shows as latency, not as fewer
+  steps). About 0.3 s for the shipped model on a quiet 2-core CPU (was 1 s with both
+  points at three rows and more repeats).
+* **Rows are priced.** A request's canvas rows are its candidate lengths plus the drafts it
+  verifies (:mod:`.sampler` *Drafts*), and on a CPU a step's cost grows with them. Each
+  bucket's timing carries ``row_ms``, the cost of a row more or less (the fitted slope on
+  a CPU; on CUDA the largest bucket timed again with twice the rows), and a request gets
+  the steps that fit for its own row count (:meth:`StepPlan.choice`): a request with three
+  drafts may get fewer steps than one without, never more time than its budget.
 * **One-shot callers** (``diffill complete``) time one step of their own request and plan
   from that one shape (:func:`plan_from_one_request`). A model below the smallest context
   bucket is timed at its own longest context, which stands in for that bucket.
@@ -123,6 +132,17 @@ class BucketTiming(msgspec.Struct, frozen=True):
     block_ms: float  # one cached step (hole block only); = full_ms if not measured
     overhead_ms: float = 0.0  # per request, outside the steps (canvas build, trimming)
     source: str = "measured"  # or "fitted": predicted from two measured buckets (fit_timings)
+    row_ms: float = 0.0  # a full step's cost per row more (or less) than ``rows``; 0: not priced
+    block_row_ms: float = 0.0  # the same for a cached step
+
+    def step_ms(self, rows: int | None = None) -> tuple[float, float]:
+        """(full, cached) ms of one step with ``rows`` canvas rows (None: ``self.rows``),
+        priced by ``row_ms`` / ``block_row_ms``; never below a tenth of the measured cost."""
+        if rows is None or rows == self.rows:
+            return self.full_ms, self.block_ms
+        d = rows - self.rows
+        return (max(self.full_ms / 10, self.full_ms + d * self.row_ms),
+                max(self.block_ms / 10, self.block_ms + d * self.block_row_ms))
 
 
 class BucketChoice(msgspec.Struct, frozen=True):
@@ -132,6 +152,7 @@ class BucketChoice(msgspec.Struct, frozen=True):
     threshold: float | None
     predicted_ms: float
     over_budget: bool
+    rows: int = 0  # the rows priced (0: the bucket timing's own)
 
 
 class StepPlan(msgspec.Struct, frozen=True):
@@ -147,19 +168,25 @@ class StepPlan(msgspec.Struct, frozen=True):
     measured_at: str = ""
     threshold: float | None = DEFAULT_THRESHOLD  # turned on where steps < hole (module doc)
 
-    def choice(self, ctx_len: int, hole_len: int) -> BucketChoice:
+    def choice(self, ctx_len: int, hole_len: int, rows: int | None = None) -> BucketChoice:
         """The choice for a request's shapes (its buckets; the nearest measured bucket
-        when a shape lies beyond the measured ones)."""
+        when a shape lies beyond the measured ones) and its canvas ``rows`` (candidate
+        lengths + drafts; None: the rows the plan was timed with). Other row counts are
+        priced with the bucket's ``row_ms`` (a plan without it prices every count alike)."""
         c, h = bucket(ctx_len, CTX_BUCKETS), bucket(hole_len, HOLE_BUCKETS)
         by_key = {(x.ctx, x.hole): x for x in self.choices}
-        if (c, h) in by_key:
-            return by_key[(c, h)]
-        # beyond what was measured: the largest measured bucket not smaller, else the largest
-        cands = sorted(by_key, key=lambda k: (k[0] < c, k[1] < h, abs(k[0] - c), abs(k[1] - h)))
-        return by_key[cands[0]]
+        if (c, h) not in by_key:
+            # beyond what was measured: the largest measured bucket not smaller, else the largest
+            c, h = sorted(by_key, key=lambda k: (k[0] < c, k[1] < h, abs(k[0] - c), abs(k[1] - h)))[0]
+        ch = by_key[(c, h)]
+        t = next((x for x in self.timings if (x.ctx, x.hole) == (c, h)), None)
+        if rows is None or t is None or rows == t.rows or not (t.row_ms or t.block_row_ms):
+            return ch
+        return choose(t, self.budget_ms, refresh_every=self.refresh_every, min_steps=self.min_steps,
+                      max_steps=self.max_steps, threshold=self.threshold, rows=rows)
 
-    def steps_for(self, ctx_len: int, hole_len: int) -> tuple[int, float | None]:
-        ch = self.choice(ctx_len, hole_len)
+    def steps_for(self, ctx_len: int, hole_len: int, rows: int | None = None) -> tuple[int, float | None]:
+        ch = self.choice(ctx_len, hole_len, rows)
         return ch.steps, ch.threshold
 
     def for_budget(self, budget_ms: float) -> StepPlan:
@@ -179,23 +206,28 @@ class StepPlan(msgspec.Struct, frozen=True):
         return msgspec.json.decode(data, type=cls)
 
 
-def predict_ms(t: BucketTiming, steps: int, refresh_every: int = 1) -> float:
-    """Predicted end-to-end time of a request with ``steps`` steps (see module doc)."""
+def predict_ms(t: BucketTiming, steps: int, refresh_every: int = 1, rows: int | None = None) -> float:
+    """Predicted end-to-end time of a request with ``steps`` steps and ``rows`` canvas rows
+    (None: the timing's own; see module doc)."""
+    full_ms, block_ms = t.step_ms(rows)
     full = math.ceil(steps / refresh_every)
-    return t.overhead_ms + full * t.full_ms + (steps - full) * t.block_ms
+    return t.overhead_ms + full * full_ms + (steps - full) * block_ms
 
 
 def choose(t: BucketTiming, budget_ms: float, *, refresh_every: int = 1, min_steps: int = 1,
-           max_steps: int = 16, threshold: float | None = DEFAULT_THRESHOLD) -> BucketChoice:
-    """The most steps (<= hole, <= max_steps) that fit ``budget_ms`` for this bucket."""
+           max_steps: int = 16, threshold: float | None = DEFAULT_THRESHOLD,
+           rows: int | None = None) -> BucketChoice:
+    """The most steps (<= hole, <= max_steps) that fit ``budget_ms`` for this bucket with
+    ``rows`` canvas rows (None: the timing's own)."""
     hi = max(min_steps, min(max_steps, t.hole))
     steps = min_steps
     for s in range(min_steps, hi + 1):
-        if predict_ms(t, s, refresh_every) <= budget_ms:
+        if predict_ms(t, s, refresh_every, rows) <= budget_ms:
             steps = s
-    pred = predict_ms(t, steps, refresh_every)
+    pred = predict_ms(t, steps, refresh_every, rows)
     thr = threshold if steps < t.hole else None
-    return BucketChoice(t.ctx, t.hole, steps, thr, round(pred, 3), pred > budget_ms)
+    return BucketChoice(t.ctx, t.hole, steps, thr, round(pred, 3), pred > budget_ms,
+                        0 if rows is None or rows == t.rows else rows)
 
 
 def plan_from_timings(timings: Sequence[BucketTiming], budget_ms: float, *,
@@ -209,34 +241,38 @@ def plan_from_timings(timings: Sequence[BucketTiming], budget_ms: float, *,
                     threshold=threshold, **meta)
 
 
-def fit_timings(measured: Sequence[BucketTiming], buckets: Sequence[tuple[int, int]]) -> list[BucketTiming]:
-    """Every bucket of ``buckets`` (ctx, hole): the measured one where there is one, else
-    predicted by the per-step cost model ``a + b * rows * (ctx + hole)`` (least squares
-    through the measured buckets, ``b >= 0``; one measurement: a constant), the same for
-    the cached step, and the measured buckets' mean overhead."""
+def fit_timings(measured: Sequence[BucketTiming], buckets: Sequence[tuple[int, int]],
+                rows: int | None = None) -> list[BucketTiming]:
+    """Every bucket of ``buckets`` (ctx, hole) at ``rows`` canvas rows (None: the most rows
+    measured): the measured timing where one was taken at those rows, else predicted by the
+    per-step cost model ``a + b * rows * (ctx + hole)`` (least squares through the measured
+    points, which may differ in rows as well as in shape; ``b >= 0``; one point: a
+    constant), the same for the cached step, and the measured buckets' mean overhead. Every
+    timing prices other row counts with the fitted slope (``row_ms = b * (ctx + hole)``)."""
     if not measured:
         raise ValueError("fit_timings needs at least one measured bucket")
-    by_key = {(t.ctx, t.hole): t for t in measured}
-    rows = measured[0].rows
+    rows = max(t.rows for t in measured) if rows is None else rows
+    by_key = {(t.ctx, t.hole): t for t in measured if t.rows == rows}
     x = [t.rows * (t.ctx + t.hole) for t in measured]
     overhead = statistics.fmean(t.overhead_ms for t in measured)
 
-    def line(y: list[float]) -> Callable[[float], float]:
+    def line(y: list[float]) -> tuple[Callable[[float], float], float]:
         mx, my = statistics.fmean(x), statistics.fmean(y)
         var = sum((xi - mx) ** 2 for xi in x)
         b = max(0.0, sum((xi - mx) * (yi - my) for xi, yi in zip(x, y, strict=True)) / var) if var else 0.0
-        return lambda xi: max(0.0, my + b * (xi - mx))
+        return (lambda xi: max(0.0, my + b * (xi - mx))), b
 
-    full = line([t.full_ms for t in measured])
-    block = line([t.block_ms for t in measured])
+    full, b_full = line([t.full_ms for t in measured])
+    block, b_block = line([t.block_ms for t in measured])
     out = []
     for c, h in buckets:
+        per_row = {"row_ms": round(b_full * (c + h), 4), "block_row_ms": round(b_block * (c + h), 4)}
         if (c, h) in by_key:
-            out.append(by_key[(c, h)])
+            out.append(msgspec.structs.replace(by_key[(c, h)], **per_row))
             continue
         xi = rows * (c + h)
         out.append(BucketTiming(c, h, rows, round(full(xi), 4), round(block(xi), 4),
-                                round(overhead, 4), source="fitted"))
+                                round(overhead, 4), source="fitted", **per_row))
     return out
 
 
@@ -247,16 +283,17 @@ def describe_plan(plan: StepPlan) -> str:
         + (f", model {plan.model}" if plan.model else "")
         + (f", dual cache refresh every {plan.refresh_every}" if plan.refresh_every > 1 else ", no KV cache")
         + (f", measured {plan.measured_at}" if plan.measured_at else ""),
-        f"{'context':>8} {'hole':>5} {'rows':>4} {'full ms':>8} {'cached ms':>9} {'steps':>5} "
-        f"{'threshold':>9} {'predicted ms':>12}",
+        f"{'context':>8} {'hole':>5} {'rows':>4} {'full ms':>8} {'cached ms':>9} {'ms/row':>7} "
+        f"{'steps':>5} {'threshold':>9} {'predicted ms':>12}",
     ]
     timing = {(t.ctx, t.hole): t for t in plan.timings}
     for c in sorted(plan.choices, key=lambda c: (c.ctx, c.hole)):
         t = timing.get((c.ctx, c.hole))
         thr = "-" if c.threshold is None else f"{c.threshold:g}"
+        per_row = f"{t.row_ms:>7.2f}" if t and t.row_ms else f"{'-':>7}"
         lines.append(
             f"{c.ctx:>8} {c.hole:>5} {t.rows if t else 0:>4} {t.full_ms if t else 0:>8.2f} "
-            f"{t.block_ms if t else 0:>9.2f} {c.steps:>5} {thr:>9} {c.predicted_ms:>12.2f}"
+            f"{t.block_ms if t else 0:>9.2f} {per_row} {c.steps:>5} {thr:>9} {c.predicted_ms:>12.2f}"
             + ("  OVER BUDGET" if c.over_budget else "")
         )
     return "\n".join(lines)
@@ -303,9 +340,11 @@ def plan_from_one_request(ms: float, ctx_len: int, hole_len: int, rows: int, bud
                           **kw: Any) -> StepPlan:
     """The plan of a one-shot caller (``diffill complete``): one request's one-step time,
     ``ms`` (its overhead included, so the prediction errs long), for its own shape bucket;
-    other shapes fall back to it (:meth:`StepPlan.choice`). ``kw``: :func:`plan_from_timings`'s."""
+    other shapes fall back to it (:meth:`StepPlan.choice`); other row counts (drafts) are
+    priced in proportion to the rows. ``kw``: :func:`plan_from_timings`'s."""
     t = BucketTiming(bucket(ctx_len, CTX_BUCKETS), bucket(hole_len, HOLE_BUCKETS), rows,
-                     round(ms, 4), round(ms, 4))
+                     round(ms, 4), round(ms, 4), row_ms=round(ms / rows, 4),
+                     block_row_ms=round(ms / rows, 4))
     return plan_from_timings([t], budget_ms,
                              measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                              **kw)
@@ -313,11 +352,12 @@ def plan_from_one_request(ms: float, ctx_len: int, hole_len: int, rows: int, bud
 
 def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
                    refresh_every: int = 1, repeats: int = 5, warmup: int = 1,
-                   overhead: bool = True,
+                   overhead: bool | int = True,
                    statistic: Callable[[list[float]], float] = statistics.median) -> BucketTiming:
     """Time one full step, one cached step and (``overhead``) the per-request overhead
     for a bucket: ``statistic`` (median; the engine's warm-up takes the fastest, the
-    cost without the machine's other work) of ``repeats`` after ``warmup`` calls.
+    cost without the machine's other work) of ``repeats`` after ``warmup`` calls (an int
+    ``overhead``: that many repeats for the overhead instead).
 
     ``rows`` candidate lengths (``hole``, ``hole // 2``, ...) share the batch, as
     the engine's default lengths do.
@@ -348,7 +388,7 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
     if overhead:
         one = statistic(time_ms(  # the full steps above warmed these shapes up already
             lambda: infill(model, cfg, prefix, suffix, SamplerConfig(steps=1, lengths=tuple(lengths))),
-            dev, warmup=0, repeats=repeats))
+            dev, warmup=0, repeats=repeats if overhead is True else int(overhead)))
         extra = max(0.0, one - full)
     return BucketTiming(ctx, hole, L, round(full, 4), round(block, 4), round(extra, 4))
 
@@ -359,9 +399,18 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
                  max_steps: int = DEFAULT_MAX_STEPS, threshold: float | None = DEFAULT_THRESHOLD,
                  model_name: str = "",
                  statistic: Callable[[list[float]], float] = statistics.median) -> StepPlan:
-    """Time the buckets that fit the model's positions and build the plan: every one, or
-    with ``fit`` the smallest and the largest (the overhead at the smallest only) and the
-    others from :func:`fit_timings` (module doc). ``statistic``: see :func:`measure_bucket`."""
+    """Time the buckets that fit the model's positions and build the plan at ``rows`` canvas
+    rows, pricing other row counts (a request's drafts add rows) per bucket:
+
+    * every bucket (CUDA), then the largest again with twice the rows, whose difference
+      prices a row (``row_ms``, in proportion to each bucket's tokens);
+    * with ``fit`` (CPU, where warm-up must stay quick): two points only, the smallest
+      bucket with one row (cheap; it also pays the first call's costs and gives the
+      per-request overhead) and the largest with ``rows`` rows (half the ``repeats``: one
+      such step costs several small ones), and every bucket, rows included, from the cost
+      model through them (:func:`fit_timings`; module doc).
+
+    ``statistic``: see :func:`measure_bucket`."""
     p = next(model.parameters())
     limit = getattr(cfg, "max_position_embeddings", 1 << 30)
     buckets = [(c, h) for c in ctx_buckets for h in hole_buckets if c + h <= limit]
@@ -373,19 +422,31 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
     if not buckets:
         raise NoBucketFits(f"no hole bucket fits max_position_embeddings={limit}")
 
-    def timed(c: int, h: int, **kw: Any) -> BucketTiming:
-        t = measure_bucket(model, cfg, measured_ctx[(c, h)], h, rows=rows,
-                           refresh_every=refresh_every, repeats=repeats, statistic=statistic, **kw)
-        return msgspec.structs.replace(t, ctx=c)
+    def timed(b: tuple[int, int], n: int, **kw: Any) -> BucketTiming:
+        kw.setdefault("repeats", repeats)
+        t = measure_bucket(model, cfg, measured_ctx[b], b[1], rows=n, refresh_every=refresh_every,
+                           statistic=statistic, **kw)
+        return msgspec.structs.replace(t, ctx=b[0])
 
+    largest = max(buckets, key=lambda b: (b[0] + b[1], b))
     if fit:
-        corners = sorted({min(buckets), max(buckets, key=lambda b: (b[0] + b[1], b))})
-        measured = [timed(c, h, overhead=i == 0) for i, (c, h) in enumerate(corners)]
-        if len(measured) > 1:  # the overhead is per request, measured once
-            measured[1] = msgspec.structs.replace(measured[1], overhead_ms=measured[0].overhead_ms)
-        timings = fit_timings(measured, buckets)
+        small = timed(min(buckets), 1, overhead=1)
+        # the model is warm now; the overhead is per request, measured once (a few ms on a
+        # CPU, where a step takes tens); the large point costs several small ones, so half
+        # the repeats
+        large = timed(largest, rows, warmup=0, overhead=False, repeats=max(1, repeats // 2))
+        large = msgspec.structs.replace(large, overhead_ms=small.overhead_ms)
+        timings = fit_timings([small, large], buckets, rows)
     else:
-        timings = [timed(c, h) for c, h in buckets]
+        timings = [timed(b, rows) for b in buckets]
+        base = next(t for t in timings if (t.ctx, t.hole) == largest)
+        more = timed(largest, 2 * rows, overhead=False)
+        tokens = rows * (largest[0] + largest[1])
+        b_full = max(0.0, more.full_ms - base.full_ms) / tokens
+        b_block = max(0.0, more.block_ms - base.block_ms) / tokens
+        timings = [msgspec.structs.replace(t, row_ms=round(b_full * (t.ctx + t.hole), 4),
+                                           block_row_ms=round(b_block * (t.ctx + t.hole), 4))
+                   for t in timings]
     return plan_from_timings(
         timings, budget_ms, refresh_every=refresh_every, min_steps=min_steps, max_steps=max_steps,
         threshold=threshold, device=str(p.device), dtype=str(p.dtype).removeprefix("torch."),
@@ -444,11 +505,12 @@ class StepBudget:
             self._derived[budget_ms] = derived
         return derived
 
-    def steps_for(self, ctx_len: int, hole_len: int,
-                  budget_ms: float | None = None) -> tuple[int, float | None] | None:
-        """(steps, threshold) for a request's shapes, or None when no plan was measured."""
+    def steps_for(self, ctx_len: int, hole_len: int, budget_ms: float | None = None,
+                  rows: int | None = None) -> tuple[int, float | None] | None:
+        """(steps, threshold) for a request's shapes and canvas ``rows`` (None: the plan's
+        own), or None when no plan was measured."""
         plan = self.plan_for(self.budget_ms(budget_ms))
-        return None if plan is None else plan.steps_for(ctx_len, hole_len)
+        return None if plan is None else plan.steps_for(ctx_len, hole_len, rows)
 
     def summary(self) -> dict[str, Any]:
         """For status reports: the budget, and what the plan was built from."""

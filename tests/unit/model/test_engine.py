@@ -46,9 +46,14 @@ def test_engine_steps_come_from_its_step_budget():
     plan = eng.warmup()  # first-call overheads, then the plan: two buckets timed, the rest fitted
     assert eng.plan is plan and plan.budget_ms == 200.0 and plan.max_steps == 16
     sources = [t.source for t in plan.timings]
-    assert sources.count("measured") == 2 and len(sources) == 4  # ctx 256 x holes 8..64 fit 512
+    # ctx 256 x holes 8..64 fit 512; the largest is timed at 3 rows, the smallest at 1 row
+    assert sources.count("measured") == 1 and len(sources) == 4
     req = eng.make_request([4, 5], [6], max_tokens=8)
     assert (req.sampler.steps, req.sampler.threshold) == plan.steps_for(3, 8)
+    # drafts add rows, and the plan prices them: the steps for 3 lengths + 2 drafts
+    drafted = eng.make_request([4, 5], [6], max_tokens=8, drafts=[[7, 8], [9]])
+    assert len(drafted.drafts) == 2 and len(drafted.sampler.lengths) == 3
+    assert drafted.sampler.steps == plan.steps_for(3, 8, rows=5)[0] <= req.sampler.steps
     tight = eng.make_request([4, 5], [6], max_tokens=8, budget_ms=1e-3)  # nothing fits: min_steps
     assert tight.sampler.steps == 1
     assert eng.make_request([4, 5], [6], max_tokens=8, steps=3, budget_ms=1e-3).sampler.steps == 3
@@ -56,7 +61,7 @@ def test_engine_steps_come_from_its_step_budget():
     sampled = eng.make_request([4, 5], [6], temperature=0.7, seed=3).sampler
     assert (sampled.temperature, sampled.seed) == (0.7, 3)
     desc = eng.describe()
-    assert desc["latency_budget_ms"] == 200.0 and desc["step_plan"]["fitted"] == 2
+    assert desc["latency_budget_ms"] == 200.0 and desc["step_plan"]["fitted"] == 3
     assert Engine(lm, budget_ms=40.0, max_steps=4).describe()["latency_budget_ms"] == 40.0
     small = Engine(make_lm(max_pos=64), SamplerConfig(steps=6))  # below the smallest context
     plan = small.warmup()  # bucket: its 64 positions stand in for it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from diffill.model.plan import (
     BucketTiming,
@@ -34,6 +35,26 @@ def test_predict_counts_refreshes():
     assert predict_ms(t, 8) == 1 + 8 * 2.0
     assert predict_ms(t, 8, refresh_every=4) == 1 + 2 * 2.0 + 6 * 0.5
     assert predict_ms(t, 9, refresh_every=4) == 1 + 3 * 2.0 + 6 * 0.5
+
+
+def test_rows_are_priced_per_step():
+    t = BucketTiming(ctx=256, hole=16, rows=3, full_ms=30.0, block_ms=30.0, overhead_ms=0.0,
+                     row_ms=9.0, block_row_ms=9.0)
+    assert t.step_ms() == t.step_ms(3) == (30.0, 30.0)
+    assert t.step_ms(6) == (57.0, 57.0) and t.step_ms(1) == (12.0, 12.0)
+    assert t.step_ms(-100) == (3.0, 3.0)  # never below a tenth of the measured step
+    assert predict_ms(t, 4, rows=6) == 4 * 57.0
+    assert choose(t, 200.0).steps == 6 and choose(t, 200.0, rows=6).steps == 3
+    assert choose(t, 200.0, rows=6).rows == 6 and choose(t, 200.0, rows=3).rows == 0
+    plan = plan_from_timings([t], 200.0)
+    assert plan.steps_for(100, 16) == plan.steps_for(100, 16, rows=3) == (6, 0.9)
+    assert plan.steps_for(100, 16, rows=6) == (3, 0.9)  # three draft rows more: fewer steps
+    assert plan.steps_for(100, 16, rows=1) == (16, None)  # fewer rows: more steps fit
+    unpriced = plan_from_timings([msgspec.structs.replace(t, row_ms=0.0, block_row_ms=0.0)], 200.0)
+    assert unpriced.steps_for(100, 16, rows=6) == (6, 0.9)  # a plan without row prices
+    sb = StepBudget("cpu", plan=plan)
+    assert sb.steps_for(100, 16, rows=6) == (3, 0.9) and sb.steps_for(100, 16, 400.0, rows=6) == (7, 0.9)
+    assert "ms/row" in describe_plan(plan) and "9.00" in describe_plan(plan)
 
 
 def test_choose_on_synthetic_timings():
@@ -100,6 +121,7 @@ def test_measure_plan_on_a_tiny_model():
                         rows=2, refresh_every=2, repeats=1, max_steps=4)
     assert [(t.ctx, t.hole) for t in plan.timings] == [(32, 8), (64, 8)]  # 512 exceeds 300 positions
     assert all(t.full_ms > 0 and t.block_ms > 0 and t.rows == 2 for t in plan.timings)
+    assert all(t.row_ms >= 0 and t.block_row_ms >= 0 for t in plan.timings)  # from 4 rows at (64, 8)
     assert all(c.steps == 4 for c in plan.choices)
     # a model below the smallest context bucket: its own longest context stands in for it
     small, scfg = tiny_model(0, vocab_size=50, max_position_embeddings=40)
@@ -149,19 +171,44 @@ def test_fit_timings_predicts_unmeasured_buckets_linearly_in_tokens():
     buckets = [(c, h) for c in (256, 512, 1024) for h in (8, 16, 64)]
     got = {(t.ctx, t.hole): t for t in fit_timings(measured, buckets)}
     assert sorted(got) == sorted(buckets)
-    assert got[(256, 8)] is measured[0] and got[(1024, 64)] is measured[1]
+    assert got[(256, 8)].source == got[(1024, 64)].source == "measured"
+    assert got[(256, 8)].full_ms == measured[0].full_ms and got[(1024, 64)].full_ms == measured[1].full_ms
     t = got[(512, 16)]
     assert t.source == "fitted" and t.rows == rows and t.overhead_ms == 2.0 and t.block_ms == 0.5
     assert t.full_ms == pytest.approx(1.0 + 0.01 * rows * 528, abs=1e-3)
+    assert t.row_ms == pytest.approx(0.01 * 528, abs=1e-3) and t.block_row_ms == 0.0  # the slope
+    assert got[(256, 8)].row_ms == pytest.approx(0.01 * 264, abs=1e-3)
     # noise that makes the bigger shape look cheaper: no negative slope, a constant
     flat = fit_timings([measured[0], BucketTiming(ctx=1024, hole=64, rows=rows, full_ms=0.5,
                                                   block_ms=0.5)], buckets)
     mean = (measured[0].full_ms + 0.5) / 2
     assert all(x.full_ms == pytest.approx(mean, abs=1e-3) for x in flat if x.source == "fitted")
+    assert all(x.row_ms == 0.0 for x in flat)
     one = fit_timings(measured[:1], buckets)  # one measurement: the same cost everywhere
     assert {x.full_ms for x in one} == {measured[0].full_ms}
     with pytest.raises(ValueError):
         fit_timings([], buckets)
+
+
+def test_fit_timings_through_points_that_differ_in_rows():
+    """The CPU warm-up's two points: the smallest bucket with one row, the largest with
+    three; every bucket is predicted at three rows, and a row priced, from the one line."""
+
+    def cost(rows: int, c: int, h: int) -> float:
+        return 4.0 + 0.02 * rows * (c + h)
+
+    small = BucketTiming(ctx=256, hole=8, rows=1, full_ms=cost(1, 256, 8), block_ms=cost(1, 256, 8),
+                         overhead_ms=3.0)
+    large = BucketTiming(ctx=256, hole=64, rows=3, full_ms=cost(3, 256, 64), block_ms=cost(3, 256, 64))
+    buckets = [(256, h) for h in (8, 16, 32, 64)]
+    got = {(t.ctx, t.hole): t for t in fit_timings([small, large], buckets, rows=3)}
+    assert got[(256, 8)].source == "fitted" and got[(256, 64)].source == "measured"
+    for (c, h), t in got.items():
+        assert t.rows == 3
+        assert t.full_ms == pytest.approx(cost(3, c, h), abs=1e-3)
+        assert t.row_ms == pytest.approx(0.02 * (c + h), abs=1e-3)
+        for rows in (1, 4, 6):  # the other row counts, priced
+            assert t.step_ms(rows)[0] == pytest.approx(cost(rows, c, h), abs=1e-3)
 
 
 def test_measure_plan_with_a_fit_times_two_buckets():
@@ -169,7 +216,8 @@ def test_measure_plan_with_a_fit_times_two_buckets():
     plan = measure_plan(model, cfg, budget_ms=1e9, fit=True, ctx_buckets=(32, 64, 128),
                         hole_buckets=(8, 16), rows=2, repeats=1, max_steps=4)
     src = {(t.ctx, t.hole): t.source for t in plan.timings}
-    assert src == {(32, 8): "measured", (32, 16): "fitted", (64, 8): "fitted", (64, 16): "fitted",
+    # the smallest bucket is timed with one row (cheap), so at the plan's two rows it is fitted
+    assert src == {(32, 8): "fitted", (32, 16): "fitted", (64, 8): "fitted", (64, 16): "fitted",
                    (128, 8): "fitted", (128, 16): "measured"}
-    assert all(t.full_ms > 0 for t in plan.timings)
+    assert all(t.full_ms > 0 and t.rows == 2 and t.row_ms >= 0 for t in plan.timings)
     assert all(c.steps == 4 for c in plan.choices)
