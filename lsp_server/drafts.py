@@ -14,6 +14,10 @@ The sources:
   the cursor -- earlier or later in the buffer, or in another open document -- and what
   followed it there (prompt lookup decoding, by characters). When what follows the cursor
   also follows the occurrence (a *two-sided* match), the draft is exactly what lies between.
+* :class:`SuffixLookup` (``"suffix"``): the same from the other side of the hole, as only a
+  diffusion model can use it: the longest occurrence elsewhere of the text just *after* the
+  cursor, and the lines that come before it there (the sibling statement that precedes the
+  same next line elsewhere).
 * :class:`Analogy` (``"analogy"``): the "continue by analogy" rules of :mod:`.analogy` (the
   successor of the most similar line, re-indented).
 * :class:`Typeahead` (``"typeahead"``): the rest of a suggestion shown earlier, after what the
@@ -33,6 +37,7 @@ from typing import Protocol
 from .analogy import analogy_completion
 
 LOOKUP = "lookup"
+SUFFIX = "suffix"
 ANALOGY = "analogy"
 TYPEAHEAD = "typeahead"
 
@@ -378,6 +383,119 @@ def _line_ends(window: str, i: int, at_text_end: bool) -> bool:
     return (j < len(window) and window[j] == "\n") or (j == len(window) and at_text_end)
 
 
+# --- lookup of the text after the cursor -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SuffixLookup:
+    """Prompt lookup from the other side of the hole: the longest occurrence elsewhere of the
+    text just *after* the cursor, and the lines that come before it there.
+
+    A diffusion model sees the suffix as well as the prefix, and so does this source: with the
+    cursor on an otherwise empty line (nothing but the indentation typed left of it, nothing
+    right of it), the *key* is the start of the next non-blank line onwards, at least
+    ``min_match`` characters, ending on a token boundary. Each occurrence of it at a line
+    start (with the same indentation), earlier or later in the buffer or in another open
+    document, is extended forwards (up to ``max_match`` characters of agreement); the line
+    before it (a single-line hole), or up to ``max_lines`` lines before it (a span, stopping at
+    a blank line or at a line equal to the one above the cursor, where the two sides meet),
+    is the draft. The next sibling in a run of similar statements is what precedes the same
+    statement elsewhere: ``self.assertNotIn(40, D)`` before ``self.assertIn(20, D)`` here and
+    there. Ranking: the longest agreement, then this buffer before other documents, the nearest
+    first.
+    """
+
+    name = SUFFIX
+    min_match: int = 16
+    max_match: int = 256
+    max_lines: int = 4
+    hits: int = 64
+    others_chars: int = 2_000_000
+
+    def propose(self, q: DraftQuery) -> list[Draft]:
+        q, crlf = _as_lf(q)
+        text, off = q.text, _cursor(q)
+        left, right = _line_around(text, off)
+        if left.strip() or right.strip():
+            return []
+        nl = text.find("\n", off)
+        if nl < 0:
+            return []
+        start = nl + 1  # the key starts at the next line (blank lines included)
+        rest = text[start : start + self.max_match]
+        first = len(rest) - len(rest.lstrip())  # the first non-blank character
+        k = max(self.min_match, first + 1)
+        while start + k < len(text) and not _boundary(text, start + k):
+            k += 1
+        key = text[start : start + k]
+        if len(key) < k or not key.strip():
+            return []
+        above = text[: off - len(left)].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        depth = first - (rest.rfind("\n", 0, first) + 1)  # the indentation of the key's line
+        best: tuple[int, int, int, str] | None = None
+        budget = self.others_chars
+        for where, hay in enumerate((text, *q.others)):
+            if where:
+                if len(hay) > budget:
+                    break
+                budget -= len(hay)
+            pos, n = 0, 0
+            while n < self.hits:
+                p = hay.find(key, pos)
+                if p < 0:
+                    break
+                pos, n = p + 1, n + 1
+                if where == 0 and p == start:
+                    continue  # the text after the cursor itself
+                if p and hay[p - 1] != "\n":
+                    continue  # not at a line start
+                draft = self._before(hay, p, left, above, depth, q.multiline,
+                                     None if where else (off, start))
+                if draft is None or not _usable(draft, q):
+                    continue
+                m = k
+                cap = min(self.max_match, len(text) - start, len(hay) - p)
+                while m < cap and text[start + m] == hay[p + m]:
+                    m += 1
+                rank = (m, -where, -abs(p - off) if where == 0 else -p)
+                if best is None or rank > best[:3]:
+                    best = (*rank, draft)
+        if best is None:
+            return []
+        return _restore([Draft(_fit(best[3], q.max_chars), self.name)], crlf)
+
+    def _before(self, hay: str, p: int, left: str, above: str, depth: int, multiline: bool,
+                cursor: tuple[int, int] | None) -> str | None:
+        """The lines that end right before ``hay[p]`` (None when there are none), none of
+        them blank, equal to ``above`` (after the first) or indented less than ``depth`` (the
+        draft stays in the key's block); never lines of the cursor's own place (``cursor``:
+        its offset and the key's start)."""
+        end = p - 1  # the newline before the occurrence
+        if end <= 0:
+            return None
+        lines: list[str] = []
+        for _ in range(self.max_lines if multiline else 1):
+            ls = hay.rfind("\n", 0, end) + 1
+            if cursor is not None and ls <= cursor[0] < p:
+                break  # the lines between the cursor and the key: not a draft
+            line = hay[ls:end]
+            if not line.strip() or line.strip() == above:
+                break  # a blank line, or where the two sides meet
+            if len(line) - len(line.lstrip(" \t")) < depth:
+                break
+            lines.append(line)
+            if ls == 0:
+                break
+            end = ls - 1
+        if not lines:
+            return None
+        lines.reverse()
+        draft = "\n".join(x.rstrip() for x in lines)
+        if not draft.startswith(left):
+            return None  # shallower than the indentation typed at the cursor
+        return draft[len(left):]
+
+
 # --- analogy ---------------------------------------------------------------------------------
 
 
@@ -473,14 +591,14 @@ class Typeahead:
         return rec if not left.strip() else None
 
 
-DEFAULT_SOURCES: tuple[DraftSource, ...] = (PromptLookup(), Analogy(), Typeahead())
-"""The fixed order: lookup, analogy, typeahead."""
+DEFAULT_SOURCES: tuple[DraftSource, ...] = (PromptLookup(), SuffixLookup(), Analogy(), Typeahead())
+"""The fixed order: lookup, suffix, analogy, typeahead."""
 
 
 def propose(
     q: DraftQuery,
     sources: Sequence[DraftSource] = DEFAULT_SOURCES,
-    limit: int = 3,
+    limit: int = len(DEFAULT_SOURCES),
     per_source: int = 1,
 ) -> list[Draft]:
     """At most ``limit`` distinct drafts: each source's first ``per_source`` proposals, in the

@@ -11,9 +11,11 @@ from diffill.lsp_server.drafts import (
     Draft,
     DraftQuery,
     PromptLookup,
+    SuffixLookup,
     Typeahead,
     propose,
 )
+from diffill.model.engine import MAX_DRAFTS
 
 LOOK = PromptLookup(min_match=8)  # the mechanics on short buffers; the default is 16
 SOURCES = (LOOK, Analogy(), Typeahead())
@@ -62,7 +64,9 @@ def test_draft_is_never_empty():
 
 
 def test_default_sources_in_fixed_order():
-    assert [s.name for s in DEFAULT_SOURCES] == ["lookup", "analogy", "typeahead"]
+    assert [s.name for s in DEFAULT_SOURCES] == ["lookup", "suffix", "analogy", "typeahead"]
+    # every source gets its draft by default (the engine verifies up to four per request)
+    assert propose.__defaults__[1] == len(DEFAULT_SOURCES) == MAX_DRAFTS
 
 
 # --- lookup ---------------------------------------------------------------------------------
@@ -262,6 +266,72 @@ def test_typeahead_order_and_dedupe():
     rec = ["total += x", "tally = 0", "total += x", "count = 1"]
     got = Typeahead().propose(query("    t|\n", recalled=rec))
     assert [d.text for d in got] == ["otal += x", "ally = 0"]
+
+
+# --- lookup of the text after the cursor -------------------------------------------------------
+
+MEMBERS = """def test_contains(D):
+    assert 10 in D
+    assert 40 not in D
+    assert 20 in D
+    assert 21 not in D
+
+
+def test_contains_again(D):
+    assert 10 in D
+|
+    assert 20 in D
+"""
+
+
+def after(marked: str, **kw) -> list[str]:
+    return [d.text for d in SuffixLookup().propose(query(marked, **kw))]
+
+
+def test_suffix_lookup_proposes_what_precedes_the_text_after_the_cursor():
+    # "    assert 20 in D" follows the cursor here and "    assert 40 not in D" there; the
+    # prefix lookup has nothing (the text before the cursor, "...10 in D\n", leads to "40")
+    assert after(MEMBERS) == ["    assert 40 not in D"]
+    # indentation typed at the cursor is not repeated
+    assert after(MEMBERS.replace("\n|\n", "\n    |\n")) == ["assert 40 not in D"]
+    # a span stops where the two sides meet: the line equal to the one above the cursor
+    assert after(MEMBERS, multiline=True) == ["    assert 40 not in D"]
+    # with nothing above in common, the lines before the occurrence up to a blank line
+    assert after(MEMBERS.replace("    assert 10 in D\n|", "    x = 1\n|"), multiline=True) == [
+        "    assert 10 in D\n    assert 40 not in D"]
+    assert [(d.source, d.text) for d in propose(query(MEMBERS), sources=[SuffixLookup()])] == [
+        ("suffix", "    assert 40 not in D")]
+
+
+def test_suffix_lookup_needs_an_empty_cursor_line_and_an_occurrence_elsewhere():
+    assert after(MEMBERS.replace("\n|\n", "\nx|\n")) == []  # text left of the cursor
+    assert after(MEMBERS.replace("\n|\n", "\n|x\n")) == []  # text right of it
+    alone = "def f():\n    x = 1\n|\n    return compute(x, y)\n"
+    assert after(alone) == []  # the text after the cursor occurs only there
+    # an occurrence at another depth, or not at a line start, is no match
+    deeper = "        assert 20 in D\n" + MEMBERS.split("\n\n\n")[1]
+    assert after(deeper) == []
+    inline = "y = [assert_20(D)]\n\nx = 1\n|\nassert_20(D)\n"
+    assert after(inline.replace("assert_20(D)", "assert_twenty(D)")) == []
+    # the lines between the cursor and a later occurrence are proposed, never the cursor line
+    later = "def g():\n|\n    setup_the_database()\n    run_the_thing(1)\n    setup_the_database()\n"
+    assert after(later) == ["    run_the_thing(1)"]
+
+
+def test_suffix_lookup_in_other_documents_and_ranking():
+    other = "def test_contains(D):\n    assert 11 in D\n    assert 41 not in D\n    assert 20 in D\n"
+    here = "def test_contains_again(D):\n    assert 10 in D\n|\n    assert 20 in D\n"
+    assert after(here, others=[other]) == ["    assert 41 not in D"]
+    # this buffer first on equal agreement; the longest agreement first of all
+    assert after(MEMBERS, others=[other]) == ["    assert 40 not in D"]
+    here = ("def a(D):\n    assert 10 in D\n    assert 40 not in D\n    assert 20 in D\n\n\n"
+            "def b(D):\n    assert 10 in D\n|\n    assert 20 in D\n    assert 21 not in D\n")
+    assert after(here) == ["    assert 40 not in D"]
+    longer = other + "    assert 21 not in D\n"  # agrees on two lines after the key, here one
+    assert after(here, others=[longer]) == ["    assert 41 not in D"]
+    # CRLF
+    crlf = MEMBERS.replace("\n", "\r\n")
+    assert after(crlf) == ["    assert 40 not in D"]
 
 
 # --- propose --------------------------------------------------------------------------------
