@@ -82,6 +82,55 @@ def heal(cands: Sequence[Candidate], word: str) -> list[Candidate]:
     ]
 
 
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def reindented(draft: str, ctx: FimContext) -> list[str]:
+    """``draft`` (a text to insert at the cursor, on a line holding only indentation left of
+    it and nothing right of it) shifted as a block so that its first line starts at the
+    depth of the next non-blank line after the cursor, or else at that of the last one
+    before it (one level deeper when that line opens a block with ``:``): a block copied from
+    another depth, lined up with the hole. Nothing when the cursor line holds code, when a
+    line would lose characters other than indentation, or when the draft already starts
+    at those depths."""
+    if ctx.line_prefix.strip() or ctx.line_suffix.strip() or not draft.strip():
+        return []
+    typed = ctx.line_prefix
+    full = typed + draft
+    lines = full.split("\n")
+    start = _indent(lines[0])
+    unit = "\t" if start.startswith("\t") or typed.startswith("\t") else " "
+    below = next((ln for ln in ctx.after_line.split("\n") if ln.strip()), None)
+    above = next((ln for ln in reversed(ctx.prefix[: len(ctx.prefix) - len(typed)].split("\n"))
+                  if ln.strip()), None)
+    depths: list[str] = []
+    if below is not None:
+        depths.append(_indent(below))
+    if above is not None:
+        step = (unit * 4 if unit == " " else unit) if above.rstrip().endswith(":") else ""
+        depths.append(_indent(above) + step)
+    out: list[str] = []
+    for depth in depths:
+        if depth == start or len(depth) == len(start):
+            continue
+        shift = len(depth) - len(start)
+        moved = []
+        for ln in lines:
+            ind = _indent(ln)
+            if not ln.strip():
+                moved.append("")
+            elif shift < 0 and len(ind) < -shift:
+                break
+            else:
+                moved.append(unit * (len(ind) + shift) + ln.lstrip(" \t"))
+        else:
+            text = "\n".join(moved)
+            if text.startswith(typed) and text[len(typed):].strip() and text[len(typed):] not in out:
+                out.append(text[len(typed):])
+    return out
+
+
 def detect_eol(ctx: FimContext) -> str:
     """The document's newline, judged from the context windows."""
     sample = ctx.prefix[-2000:] + ctx.suffix[:2000]
@@ -247,25 +296,44 @@ class Completer:
         here), as post-processing would show them. A draft that post-processing or the
         syntax guard drops is cut back to its longest run of whole first lines that is kept
         (a copied block whose last lines break the file still offers its first ones), or
-        left out."""
+        left out. When no draft is kept at all, the drafts are tried once more shifted to the
+        depth of the code around the cursor (:func:`reindented`: a block copied from another
+        depth); only then, since a shifted copy is weaker evidence than a draft as found and
+        the model cannot tell a right draft from a wrong one (on held-out seed 1, shifted
+        variants beside the others cost one exact line in 200, as a fallback they cost none
+        and raised span edit similarity 0.348 -> 0.356)."""
         multi = multiline if multiline is not None else (
             self.options.multiline != "always-single" and not ctx.line_suffix.strip())
         q = DraftQuery(text=text, offset=offset, others=tuple(others), recalled=tuple(recalled),
                        multiline=bool(multi))
+        proposed = propose(q)
         kept: list[Draft] = []
-        for d in propose(q):
-            lines = d.text.split("\n")
-            for k in range(len(lines), 0, -1):
-                head = "\n".join(lines[:k])
-                if not head.strip():
-                    continue
-                got = finish([Candidate(text=head, score=0.0)], ctx, policy=self.options.multiline,
-                             multiline=multiline, n=1, guard=guard)
-                if got and got[0].replace_right == 0:
-                    if all(got[0].text != x.text for x in kept):
-                        kept.append(Draft(got[0].text, d.source))
-                    break
+        for shift in (False, True):
+            for d in proposed:
+                for variant in reindented(d.text, ctx) if shift else (d.text,):
+                    shown = self._kept_head(variant, ctx, multiline, guard)
+                    if shown is not None:
+                        if all(shown != x.text for x in kept):
+                            kept.append(Draft(shown, d.source))
+                        break
+            if kept:
+                break
         return kept
+
+    def _kept_head(self, draft: str, ctx: FimContext, multiline: bool | None,
+                   guard: SyntaxGuard | None) -> str | None:
+        """``draft``'s longest run of whole first lines that post-processing and the guard
+        keep, as they would show it (None: not even its first line)."""
+        lines = draft.split("\n")
+        for k in range(len(lines), 0, -1):
+            head = "\n".join(lines[:k])
+            if not head.strip():
+                continue
+            got = finish([Candidate(text=head, score=0.0)], ctx, policy=self.options.multiline,
+                         multiline=multiline, n=1, guard=guard)
+            if got and got[0].replace_right == 0:
+                return got[0].text
+        return None
 
     def _verified(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None,
                   backend_kwargs: dict[str, Any] | None, drafts: list[str],

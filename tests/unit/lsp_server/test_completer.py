@@ -120,7 +120,7 @@ def test_a_repeated_line_goes_as_a_draft_and_a_verified_one_answers():
     res = Completer(b).run(text, len(LADDER) + 8, n=1)
     assert b.sent and b.sent[0]  # drafts were sent with the one model call
     assert len(b.sent) == 1
-    assert {d.source for d in res.drafts} <= {"lookup", "analogy", "typeahead"}
+    assert {d.source for d in res.drafts} <= {"lookup", "suffix", "analogy", "typeahead"}
     if "return 'four'" in b.sent[0]:  # the analogy rule proposes the next line's shape
         assert res.suggestions[0].verified and res.suggestions[0].source != "model"
     # a draft the model does not verify: the model's own answer
@@ -177,3 +177,64 @@ def test_a_verified_draft_that_post_processing_drops_runs_the_model_again():
     res = Completer(b).run(text, text.rindex("(") + 1, n=1)
     assert len(b.sent) == 2 and b.sent[1] == []
     assert [s.text for s in res.suggestions] == ["gamma)"]
+
+
+# -- drafts at another depth ------------------------------------------------------------------
+
+DEPTHS = """def a():
+    if ready:
+        x = prepare_the_input()
+        check_the_input(x)
+
+
+def b():
+    x = prepare_the_input()
+|
+    return x
+"""
+
+
+def _cursor(marked: str) -> tuple[str, int]:
+    return marked.replace("|", ""), marked.index("|")
+
+
+def test_reindented_lines_a_draft_up_with_the_code_around_the_cursor():
+    from diffill.lsp_server.completer import Completer, reindented
+
+    text, off = _cursor(DEPTHS)
+    ctx = Completer(_Verifier(set(), [])).build(text, off)
+    # the next line's depth first, then the line above's (its depth: it opens no block)
+    assert reindented("        check_the_input(x)\n        if x:\n            go(x)", ctx) == [
+        "    check_the_input(x)\n    if x:\n        go(x)"]
+    assert reindented("    check_the_input(x)", ctx) == []  # already there
+    assert reindented("      a\nb", ctx) == []  # shifting left would cut into "b"
+    assert reindented("  a\nb", ctx) == ["    a\n  b"]  # shifting right loses nothing
+    opened = DEPTHS.replace("    x = prepare_the_input()\n|\n    return x\n", "    for x in xs:\n|\n")
+    text2, off2 = _cursor(opened)
+    ctx2 = Completer(_Verifier(set(), [])).build(text2, off2)
+    assert reindented("check(x)", ctx2) == ["        check(x)"]  # one level into the block
+    typed = DEPTHS.replace("\n|\n", "\n    |\n")  # indentation typed at the cursor
+    text3, off3 = _cursor(typed)
+    ctx3 = Completer(_Verifier(set(), [])).build(text3, off3)
+    assert reindented("    check_the_input(x)", ctx3) == ["check_the_input(x)"]
+    code = DEPTHS.replace("\n|\n", "\n    y = 1|\n")
+    text4, off4 = _cursor(code)
+    assert reindented("        z = 2", Completer(_Verifier(set(), [])).build(text4, off4)) == []
+
+
+def test_drafts_at_another_depth_are_shifted_only_when_nothing_else_is_kept(monkeypatch):
+    from diffill.lsp_server import completer as mod
+    from diffill.lsp_server.drafts import Draft
+    from diffill.lsp_server.syntax import SyntaxGuard
+
+    text, off = _cursor(DEPTHS)
+    c = mod.Completer(_Verifier(set(), []))
+    ctx = c.build(text, off, language="python")
+    guard = SyntaxGuard(text, off, language="python")
+    deep = Draft("        check_the_input(x)", "lookup")  # as found: an unexpected indent
+    monkeypatch.setattr(mod, "propose", lambda q: [deep])
+    assert c.drafts_for(text, off, ctx, multiline=False, guard=guard) == [
+        Draft("    check_the_input(x)", "lookup")]
+    right = Draft("    log_the_value(x)", "analogy")
+    monkeypatch.setattr(mod, "propose", lambda q: [deep, right])
+    assert c.drafts_for(text, off, ctx, multiline=False, guard=guard) == [right]
