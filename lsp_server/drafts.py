@@ -402,7 +402,8 @@ class SuffixLookup:
     is the draft. The next sibling in a run of similar statements is what precedes the same
     statement elsewhere: ``self.assertNotIn(40, D)`` before ``self.assertIn(20, D)`` here and
     there. Ranking: the longest agreement, then this buffer before other documents, the nearest
-    first.
+    first (``hits`` occurrences are looked at on each side of the cursor, and from the start of
+    each other document).
     """
 
     name = SUFFIX
@@ -439,14 +440,7 @@ class SuffixLookup:
                 if len(hay) > budget:
                     break
                 budget -= len(hay)
-            pos, n = 0, 0
-            while n < self.hits:
-                p = hay.find(key, pos)
-                if p < 0:
-                    break
-                pos, n = p + 1, n + 1
-                if where == 0 and p == start:
-                    continue  # the text after the cursor itself
+            for p in _nearest(hay, key, start if where == 0 else -1, self.hits):
                 if p and hay[p - 1] != "\n":
                     continue  # not at a line start
                 draft = self._before(hay, p, left, above, depth, q.multiline,
@@ -494,6 +488,27 @@ class SuffixLookup:
         if not draft.startswith(left):
             return None  # shallower than the indentation typed at the cursor
         return draft[len(left):]
+
+
+def _nearest(hay: str, key: str, around: int, hits: int) -> list[int]:
+    """Where ``key`` occurs in ``hay``, other than at ``around``: the ``hits`` nearest before
+    ``around`` and the ``hits`` nearest after it (``around`` -1: the first ``hits``)."""
+    out: list[int] = []
+    end = around + len(key) - 1  # an occurrence must end before the one at `around` does
+    while len(out) < hits:
+        p = hay.rfind(key, 0, end)
+        if p < 0:
+            break
+        out.append(p)
+        end = p + len(key) - 1
+    pos, n = around + 1, 0
+    while n < hits:
+        p = hay.find(key, pos)
+        if p < 0:
+            break
+        out.append(p)
+        pos, n = p + 1, n + 1
+    return out
 
 
 # --- analogy ---------------------------------------------------------------------------------

@@ -318,6 +318,16 @@ def test_suffix_lookup_needs_an_empty_cursor_line_and_an_occurrence_elsewhere():
     assert after(later) == ["    run_the_thing(1)"]
 
 
+def test_suffix_lookup_looks_at_the_nearest_occurrences_first():
+    block = "    step_one()\n    common_tail_call()\n"
+    far = "def far():\n" + block.replace("one", "far") * 3
+    near = "def near():\n    step_near()\n    common_tail_call()\n"
+    here = far + near + "def here():\n|\n    common_tail_call()\n"
+    # equal agreement everywhere: the nearest wins; with one look on each side, that is all
+    assert after(here) == ["    step_near()"]
+    assert [d.text for d in SuffixLookup(hits=1).propose(query(here))] == ["    step_near()"]
+
+
 def test_suffix_lookup_in_other_documents_and_ranking():
     other = "def test_contains(D):\n    assert 11 in D\n    assert 41 not in D\n    assert 20 in D\n"
     here = "def test_contains_again(D):\n    assert 10 in D\n|\n    assert 20 in D\n"
