@@ -120,6 +120,13 @@ def test_reference_is_bidirectional(saved):
     with torch.no_grad():
         additive = model(input_ids=ids, attention_mask=torch.zeros(2, 1, 11, 11)).logits
     assert torch.allclose(additive, full, atol=1e-6)
+    # The 4-D mask is applied as given (transformers 4.56+ and 5.x return a 4-D mask as it is
+    # and eager attention adds it): hiding the last key from every query gives, at the other
+    # positions, the logits of the sequence without that token.
+    hidden = torch.ones(2, 11, dtype=torch.long)
+    hidden[:, -1] = 0
+    assert torch.allclose(_hf_logits(model, ids, hidden)[:, :-1], _hf_logits(model, ids[:, :-1]),
+                          atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "math"])
