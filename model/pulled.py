@@ -124,8 +124,12 @@ def record_pull(entry: dict[str, Any]) -> Path:
 
 def resolve_pulled(spec: str) -> Path | None:
     """The folder of a pulled checkpoint named ``spec`` (short name, ``owner/repo`` or
-    ``owner/repo@revision``), newest first; None when nothing of that name was pulled or
-    its folder is gone. Reads only the local registry."""
+    either with ``@revision``: a branch, tag or commit), newest first; None when nothing of
+    that name was pulled or its folder is gone. Reads only the local registry.
+
+    A bare name means the most recent successful pull of that repository, whatever its
+    revision (:func:`record_pull` moves a pull of a revision pulled before to the end);
+    ``NAME@REV`` the pull of that revision."""
     name, _, revision = spec.partition("@")
     row = published(name)
     repo = row.repo_id if row is not None else name
