@@ -13,6 +13,15 @@ loaded, disabled, superseded by a newer request or a document change), an
 InvalidParams error (position outside the document) or RequestCancelled (-32800,
 after ``$/cancelRequest``).
 
+A request that arrives while the model loads waits for the load (:meth:`DiffillServer.
+wait_for_load`) instead of being answered empty, so the keystroke that opened the file
+still gets its suggestion: at most ``LOAD_WAIT_S`` seconds, cancelled by
+``$/cancelRequest`` (or a shutdown), and superseded by a newer request of the same kind on
+the same document (latest wins: the older one is answered empty at once). Meanwhile
+``diffill/status`` says ``loading`` and ``$/progress`` shows the load.
+
+Per-request log lines are DEBUG; INFO is kept for lifecycle events (model loaded, ...).
+
 Buffer contents are never logged unless the server runs with ``--debug-log-buffers``.
 An error answer logs one line (WARNING; ERROR for an internal error), its traceback only
 with ``--debug`` (:mod:`.jsonrpc`).
@@ -61,6 +70,8 @@ RELOAD_FIELDS = ("backend", "model_path", "recipe", "device", "max_steps", "remo
                  "api_key_env", "remote_timeout_ms", "remote_retries")
 """Options whose change means building the backend again."""
 LOAD_DELAY_ENV = "DIFFILL_DEBUG_LOAD_DELAY_MS"
+LOAD_WAIT_S = 20.0
+"""Longest a request that arrives while the model loads waits for the load."""
 
 
 def debug_load_delay() -> float:
@@ -132,6 +143,7 @@ class DiffillServer(LanguageServer):
         self._index: dict[str, tuple[int | None, LineIndex]] = {}
         self.last_context: dict[str, Any] | None = None
         self._last_error_shown: str | None = None
+        self._load_waiters: dict[str, asyncio.Future[None]] = {}  # key -> the waiting request's
 
     def start_io(self, stdin: Any = None, stdout: Any = None) -> None:
         """stdio with diffill's hardened framing and spec error answers (:mod:`.jsonrpc`)."""
@@ -186,6 +198,35 @@ class DiffillServer(LanguageServer):
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         self._load_task = asyncio.ensure_future(self.load())
+
+    def load_pending(self) -> bool:
+        """True while a model load has been started and has not finished."""
+        return self._load_task is not None and not self._load_task.done()
+
+    async def wait_for_load(self, key: str) -> bool:
+        """Wait (at most ``LOAD_WAIT_S``) for the model load in progress; False when a newer
+        request with the same ``key`` superseded this one meanwhile. The load itself is not
+        cancelled when the waiting request is ($/cancelRequest raises here)."""
+        loop = asyncio.get_running_loop()
+        older = self._load_waiters.get(key)
+        if older is not None and not older.done():
+            older.set_result(None)  # latest wins: the older request is answered empty now
+        mine: asyncio.Future[None] = loop.create_future()
+        self._load_waiters[key] = mine
+        deadline = loop.time() + LOAD_WAIT_S
+        try:
+            # A reload (settings changed) replaces the task: wait for the new one.
+            while self.completer is None and self.load_pending() and not mine.done():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                task = self._load_task
+                assert task is not None
+                await asyncio.wait({task, mine}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if self._load_waiters.get(key) is mine:
+                del self._load_waiters[key]
+        return not mine.done()
 
     def _supports_progress(self) -> bool:
         caps = self.client_capabilities
@@ -375,6 +416,11 @@ class DiffillServer(LanguageServer):
             self.stats.count("cache_hits")
             self.stats.add((time.perf_counter() - t0) * 1000.0)
             return hit
+        if self.completer is None and self.options.enabled and self.load_pending():
+            self.stats.count("waited_for_load")
+            if not await self.wait_for_load(f"{kind} {prep.uri}"):
+                self.stats.count("superseded")
+                return None
         completer = self.completer
         if completer is None or not self.options.enabled:
             self.stats.count("not_ready" if completer is None else "disabled")
@@ -459,7 +505,7 @@ class DiffillServer(LanguageServer):
             "drafts": [d.source for d in res.drafts],
             "source": res.suggestions[0].source if res.suggestions else None,
         }
-        log.info(
+        log.debug(
             "complete %s:%d:%d prefix=%d suffix=%d tokens, %d candidates -> %d suggestions, %.1f ms",
             prep.path, prep.row, prep.col, ctx.prefix_tokens, ctx.suffix_tokens,
             len(res.candidates), len(res.suggestions), model_ms,

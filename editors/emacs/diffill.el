@@ -49,9 +49,17 @@
 ;;   C-g      dismiss
 ;;
 ;; Commands: `diffill-toggle' (on/off, pushed to the server with
-;; workspace/didChangeConfiguration), `diffill-status' (model, device, last
-;; latency), `diffill-inline-trigger' (ask now), `diffill-inline-accept',
+;; workspace/didChangeConfiguration), `diffill-status' (a few lines: model,
+;; device, latency percentiles, drafts accepted, last request; with C-u all of
+;; the server's diffill/status in the buffer *diffill-status*),
+;; `diffill-inline-trigger' (ask now), `diffill-inline-accept',
 ;; `diffill-inline-next', `diffill-inline-previous', `diffill-inline-dismiss'.
+;;
+;; Nothing enters the buffer without an explicit accept: ghost text is an
+;; overlay until TAB; RET and other keys act as usual and drop or keep it.
+;; A request made while the server still loads its model is answered once the
+;; model is ready (the server holds it), so the first ghost text needs no
+;; second keystroke.
 
 ;;; Code:
 
@@ -157,13 +165,61 @@ inline completions (the only servers this package has any use for)."
     (unless on (diffill-inline-dismiss))
     (message "diffill: %s" (if on "off" "on"))))
 
-(defun diffill-status ()
-  "Show the server's diffill/status: model, device, last latency."
-  (interactive)
+(defun diffill--ms (value)
+  "VALUE (milliseconds, a number or nil) as \"12 ms\", or \"-\"."
+  (if (numberp value) (format "%d ms" (round value)) "-"))
+
+(defun diffill-status-summary (st)
+  "A few lines for people from the diffill/status plist ST: model, device,
+state, latency percentiles, drafts accepted and the last request."
+  (let* ((err (plist-get st :error))
+         (state (cond ((stringp err) (concat "error: " err))
+                      ((eq (plist-get st :loaded) t) "loaded")
+                      ((eq (plist-get st :loading) t) "loading")
+                      (t "not loaded")))
+         (off (eq (plist-get (plist-get st :options) :enabled) :json-false))
+         (drafts (plist-get st :drafts))
+         (last (plist-get st :last_context))
+         (lines
+          (list (format "diffill %s: %s on %s (%s)%s"
+                        (or (plist-get st :version) "")
+                        (or (plist-get st :model) "default model")
+                        (or (plist-get st :device) "?")
+                        state (if off ", off" ""))
+                (format "latency p50 %s, p95 %s; %s requests, %s from the typed-ahead cache"
+                        (diffill--ms (plist-get st :p50_ms)) (diffill--ms (plist-get st :p95_ms))
+                        (or (plist-get st :requests) 0) (or (plist-get st :cache_hits) 0)))))
+    (unless (eq (plist-get drafts :enabled) :json-false)
+      (setq lines (append lines (list (format "drafts accepted %s of %s offered"
+                                              (or (plist-get drafts :accepted) 0)
+                                              (or (plist-get drafts :offered) 0))))))
+    (when (consp last)
+      (setq lines (append lines (list (format "last request: %s, %s model, %s prefix + %s suffix tokens"
+                                              (diffill--ms (plist-get st :last_ms))
+                                              (diffill--ms (plist-get last :model_ms))
+                                              (plist-get last :prefix_tokens)
+                                              (plist-get last :suffix_tokens))))))
+    (mapconcat #'identity (append lines (list "full status: C-u M-x diffill-status")) "\n")))
+
+(defun diffill-status (&optional full show)
+  "Return the server's diffill/status plist; interactively (SHOW) show a summary.
+The summary is a few lines: the model and the device, the latency percentiles,
+the drafts accepted and the last request.  With a prefix argument FULL, show
+all of diffill/status (as JSON) in the buffer *diffill-status* instead."
+  (interactive (list current-prefix-arg t))
   (let ((server (or (diffill--server) (user-error "No diffill server in this buffer"))))
     (let ((st (jsonrpc-request server :diffill/status eglot--{})))
-      (when (called-interactively-p 'interactive)
-        (message "diffill: %s" (json-encode st)))
+      (when show
+        (if full
+            (with-current-buffer (get-buffer-create "*diffill-status*")
+              (let ((inhibit-read-only t))
+                (erase-buffer)
+                (insert (json-encode st))
+                (ignore-errors (json-pretty-print-buffer))
+                (goto-char (point-min))
+                (special-mode))
+              (display-buffer (current-buffer)))
+          (message "%s" (diffill-status-summary st))))
       st)))
 
 ;;;; Ghost text (textDocument/inlineCompletion)

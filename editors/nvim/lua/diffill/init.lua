@@ -27,6 +27,7 @@ local NAME = 'diffill'
 --- @field autotrigger boolean        vim.lsp.completion autotrigger (on the server's trigger characters)
 --- @field ghost_text boolean         show inline completions as ghost text
 --- @field native_inline boolean      use vim.lsp.inline_completion when Neovim has it (0.12+)
+--- @field menu_noselect boolean      with autotrigger: add `noselect` to the buffer's 'completeopt'
 --- @field debounce_ms integer        delay between the last keystroke and the request (0.11 path)
 --- @field keymaps diffill.Keymaps    insert-mode keys
 M.defaults = {
@@ -36,6 +37,7 @@ M.defaults = {
   settings = {},
   completion = true,
   autotrigger = true,
+  menu_noselect = true,
   ghost_text = true,
   native_inline = true,
   debounce_ms = 75,
@@ -183,12 +185,15 @@ local function render(bufnr)
   elseif hint then
     table.insert(virt_lines[#virt_lines], hint)
   end
+  -- right_gravity = true: Neovim draws the cursor before inline virtual text whose mark
+  -- has right gravity, after it otherwise (the cursor would sit at the end of the ghost).
+  -- Typed text pushes the mark right; TextChangedI redraws it at the cursor anyway.
   api.nvim_buf_set_extmark(bufnr, ns, cur[1] - 1, cur[2], {
     virt_text = virt_text,
     virt_text_pos = 'inline',
     virt_lines = #virt_lines > 0 and virt_lines or nil,
     hl_mode = 'combine',
-    right_gravity = false,
+    right_gravity = true,
   })
 end
 
@@ -500,8 +505,25 @@ local function complete_textedit(bufnr, client)
   api.nvim_win_set_cursor(0, { snap.row + #lines, (#lines == 1 and start_b or 0) + #lines[#lines] })
 end
 
+--- 'completeopt' for a buffer whose menu opens by itself: the user's global value plus
+--- `noselect`. Without it Vim selects the first item and, unless 'completeopt' has
+--- `noinsert` (not in the default "menu,popup"), inserts it at once: typing `inv.` left
+--- `inv.is()` in the file. With `noinsert` alone <CR> would accept the selected item.
+--- With `noselect` nothing is selected or inserted until <C-n>/<C-p> (then <C-y>), and
+--- <CR> and typing on behave as if there were no menu.
+local function safe_completeopt()
+  local cot = vim.split(api.nvim_get_option_value('completeopt', { scope = 'global' }), ',', { trimempty = true })
+  if not vim.tbl_contains(cot, 'noselect') then
+    cot[#cot + 1] = 'noselect'
+  end
+  return table.concat(cot, ',')
+end
+
 local function on_attach(client, bufnr)
   if M.config.completion and client:supports_method('textDocument/completion') then
+    if M.config.autotrigger and M.config.menu_noselect then
+      vim.bo[bufnr].completeopt = safe_completeopt()
+    end
     vim.lsp.completion.enable(true, client.id, bufnr, {
       autotrigger = M.config.autotrigger,
       convert = function()
@@ -529,6 +551,26 @@ end
 local function client()
   return vim.lsp.get_clients({ name = NAME })[1]
 end
+
+--- Ghost text highlights, visible with and without 'termguicolors'. Linking to Comment is
+--- not enough: Neovim's default colour scheme gives Comment a GUI colour only, so on a
+--- 256- or 16-colour terminal (tmux, 'notermguicolors') the ghost would look like code.
+--- The GUI colour and style are Comment's; the terminal colour is Comment's when the colour
+--- scheme has one, else 8 (bright black: grey on 16-colour terminals and up). `default`:
+--- a user's own `:hi DiffillGhost` wins; redefined after each colour scheme change.
+local function define_highlights()
+  for group, base in pairs({ DiffillGhost = 'Comment', DiffillGhostHint = 'NonText' }) do
+    local b = api.nvim_get_hl(0, { name = base, link = false })
+    api.nvim_set_hl(0, group, {
+      default = true,
+      fg = b.fg,
+      ctermfg = b.ctermfg or 8,
+      italic = b.italic or group == 'DiffillGhost',
+      cterm = { italic = group == 'DiffillGhost' },
+    })
+  end
+end
+M._define_highlights = define_highlights
 
 --- Push new settings to the running server (workspace/didChangeConfiguration).
 --- @param settings table camelCase server options to change
@@ -564,13 +606,46 @@ function M.status(timeout_ms)
   return res and res.result or nil
 end
 
+local function ms(v)
+  return type(v) == 'number' and ('%d ms'):format(math.floor(v + 0.5)) or '-'
+end
+
+--- A few lines for people: model, device, state, latency, drafts, the last request.
+--- @param st table `diffill/status`
+--- @return string[]
+function M.status_lines(st)
+  local state = st.error ~= nil and st.error ~= vim.NIL and ('error: ' .. tostring(st.error))
+    or st.loaded and 'loaded' or st.loading and 'loading' or 'not loaded'
+  local on = not (type(st.options) == 'table' and st.options.enabled == false)
+  local lines = {
+    ('diffill %s: %s on %s (%s)%s'):format(
+      st.version or '', tostring(st.model or 'default model'), tostring(st.device or '?'), state,
+      on and '' or ', off'
+    ),
+    ('latency p50 %s, p95 %s; %d requests, %d answered from the typed-ahead cache'):format(
+      ms(st.p50_ms), ms(st.p95_ms), tonumber(st.requests) or 0, tonumber(st.cache_hits) or 0
+    ),
+  }
+  local d = type(st.drafts) == 'table' and st.drafts or {}
+  if d.enabled ~= false then
+    lines[#lines + 1] = ('drafts accepted %d of %d offered'):format(tonumber(d.accepted) or 0, tonumber(d.offered) or 0)
+  end
+  local lc = st.last_context
+  if type(lc) == 'table' then
+    lines[#lines + 1] = ('last request: %s, %s model, %s prefix + %s suffix tokens'):format(
+      ms(st.last_ms), ms(lc.model_ms), tostring(lc.prefix_tokens), tostring(lc.suffix_tokens)
+    )
+  end
+  lines[#lines + 1] = 'full status: :DiffillStatus!'
+  return lines
+end
+
 function M.setup(opts)
   M.config = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts or {})
   if opts and opts.keymaps == false then
     M.config.keymaps = {}
   end
-  api.nvim_set_hl(0, 'DiffillGhost', { link = 'Comment', default = true })
-  api.nvim_set_hl(0, 'DiffillGhostHint', { link = 'NonText', default = true })
+  define_highlights()
 
   -- An empty Lua table would go out as a JSON array.
   local settings = next(M.config.settings or {}) and M.config.settings or vim.empty_dict()
@@ -594,9 +669,17 @@ function M.setup(opts)
   vim.lsp.enable(NAME)
 
   api.nvim_create_user_command('DiffillToggle', M.toggle, { desc = 'diffill: completions on/off' })
-  api.nvim_create_user_command('DiffillStatus', function()
-    vim.print(M.status() or 'diffill: not running')
-  end, { desc = 'diffill: show the server status' })
+  api.nvim_create_autocmd('ColorScheme', { group = group, callback = define_highlights })
+  api.nvim_create_user_command('DiffillStatus', function(cmd)
+    local st = M.status()
+    if not st then
+      vim.notify('diffill: not running')
+    elseif cmd.bang then
+      vim.print(st)
+    else
+      vim.notify(table.concat(M.status_lines(st), '\n'))
+    end
+  end, { bang = true, desc = 'diffill: server status (! for all of it)' })
 end
 
 return M
