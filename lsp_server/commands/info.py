@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import msgspec
@@ -77,8 +79,41 @@ def recipe_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     return {} if r is None else describe(r, lm.tokenizer.id_to_token)
 
 
+# An absolute POSIX path inside a string: a "/" that starts a word (or follows "=") and is
+# not part of a URL ("https://...") or of a relative path ("a/b", "./a", "~/a").
+_ABS_PATH = re.compile(r"(?<![\w/.~:-])/[^\s'\"=,;]+")
+
+
+def _short_path(path: str, home: str) -> str:
+    """How :func:`anonymise_paths` shows one absolute path: ``~/...`` under this user's
+    home, otherwise its last two components after ``.../`` (``.../checkpoints/step-0002103``)."""
+    if home not in ("", "/") and (path == home or path.startswith(home.rstrip("/") + "/")):
+        return "~" + path[len(home.rstrip("/")):]
+    parts = PurePosixPath(path).parts[1:]
+    return "/".join(parts) if len(parts) <= 1 else ".../" + "/".join(parts[-2:])
+
+
+def anonymise_paths(value: Any, home: str | None = None) -> Any:
+    """``value`` (a provenance record: dicts, lists, strings) with every absolute path in
+    its strings shortened by :func:`_short_path`.
+
+    A checkpoint's provenance is written on the machine that trained it (its command line,
+    the checkpoints it started from): those paths name another machine's folders (and its
+    users), mean nothing here, and are not shown. The record on disk is left as it is.
+    """
+    home = str(Path.home()) if home is None else home
+    if isinstance(value, str):
+        return _ABS_PATH.sub(lambda m: _short_path(m.group(0), home), value)
+    if isinstance(value, dict):
+        return {k: anonymise_paths(v, home) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [anonymise_paths(v, home) for v in value]
+    return value
+
+
 def provenance_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
-    return dict(lm.provenance)
+    """The checkpoint's provenance record, absolute paths shortened (:func:`anonymise_paths`)."""
+    return anonymise_paths(dict(lm.provenance))
 
 
 def step_plan_section(lm: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:

@@ -68,3 +68,58 @@ def test_info_subprocess(tiny_ckpt):
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"]["family"] == "diffill"
+
+
+FOREIGN = {
+    "command": "/work/venv/bin/diffill train --data /work/data/tokens --out=/home/alice/runs/v4"
+    " --init-from model/default_model --note https://example.org/a/b",
+    "init_from": {"checkpoint": "/root/runs/ar/checkpoints/step-0002103",
+                  "init_from": {"checkpoint": "/work/main/model/default_model"}},
+    "inputs": ["/srv/corpus/manifest.json", "relative/path.txt", "/home/me/models/x"],
+}
+
+
+def test_info_provenance_hides_the_training_machines_paths(tmp_path, capsys, monkeypatch):
+    """Provenance is written where the model was trained; ``diffill info`` shows its paths
+    shortened (text and JSON), and leaves the checkpoint's own record as it is."""
+    monkeypatch.setenv("HOME", "/home/me")
+    folder = tmp_path / "ckpt"
+    write_diffill_checkpoint(folder, provenance=FOREIGN)
+    on_disk = (folder / "config.json").read_text()
+    for args in (["--json"], []):
+        assert cli_main(["info", "--model", str(folder), *args]) == 0
+        out = capsys.readouterr().out
+        prov = json.loads(out)["provenance"] if args else out.split("[provenance]", 1)[1]
+        text = json.dumps(prov) if args else prov
+        for foreign in ("/work/", "/home/", "/root/", "/srv/"):
+            assert foreign not in text, (foreign, text)
+        for kept in (".../bin/diffill train", ".../data/tokens", "--out=.../runs/v4",
+                     ".../checkpoints/step-0002103", ".../model/default_model",
+                     "model/default_model", "https://example.org/a/b", "relative/path.txt",
+                     "~/models/x"):
+            assert kept in text, (kept, text)
+    assert (folder / "config.json").read_text() == on_disk
+
+
+def test_anonymise_paths_rules():
+    from diffill.lsp_server.commands.info import anonymise_paths
+
+    home = "/home/me"
+    assert anonymise_paths("/home/me/models/x", home) == "~/models/x"
+    assert anonymise_paths("/home/meg/models/x", home) == ".../models/x"
+    assert anonymise_paths("/opt", home) == "opt"
+    assert anonymise_paths("a/b ./c ~/d http://h/p 1.2e-3", home) == "a/b ./c ~/d http://h/p 1.2e-3"
+    assert anonymise_paths({"k": [3, None, "--x=/a/b/c"]}, home) == {"k": [3, None, "--x=.../b/c"]}
+    once = anonymise_paths("/a/b/c d", home)
+    assert anonymise_paths(once, home) == once == ".../b/c d"
+
+
+def test_shipped_model_info_names_no_other_machine(capsys):
+    """The shipped checkpoint was trained elsewhere: nothing in ``diffill info`` but the
+    local model folder itself is an absolute path."""
+    assert cli_main(["info", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    local = report["model"].pop("path")
+    rest = json.dumps(report)
+    for foreign in ("/work/", "/home/", "/root/"):
+        assert foreign not in rest.replace(local, "<model>"), foreign
