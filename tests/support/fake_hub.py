@@ -12,7 +12,8 @@ accepted and then never answered (``"api"``: model info, ``"head"``: file metada
 file downloads), as a captive proxy or a stalled mirror does; ``stall_body[file] = n`` makes
 GETs of ``file`` send the headers and ``n`` bytes of the body, then nothing more. A stalled
 request waits until the hub is closed. Every request is logged (method, path, Range), and
-``sent[file]`` counts the body bytes sent for each file.
+``sent[file]`` counts the body bytes sent for each file. ``trickle[file] = (n, s)`` sends the
+body ``n`` bytes at a time, ``s`` seconds apart (a slow link that keeps sending).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class FakeHub:
         self.stall: set[str] = set()  # "api", "head", "get": accepted, never answered
         self.stall_body: dict[str, int] = {}  # file -> body bytes sent before the stall
         self.sent: dict[str, int] = {}  # file -> body bytes sent
+        self.trickle: dict[str, tuple[int, float]] = {}  # file -> (bytes a piece, seconds apart)
         self._closing = threading.Event()
         self.log: list[tuple[str, str, str | None]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -160,6 +162,15 @@ class FakeHub:
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(2)
+                    return
+                if name in hub.trickle:
+                    n, pause = hub.trickle[name]
+                    for i in range(0, len(part), n):
+                        self.wfile.write(part[i:i + n])
+                        self.wfile.flush()
+                        hub.sent[name] = hub.sent.get(name, 0) + len(part[i:i + n])
+                        if hub._closing.wait(pause):
+                            return
                     return
                 hub.sent[name] = hub.sent.get(name, 0) + len(part)
                 self.wfile.write(part)

@@ -195,6 +195,16 @@ def test_a_download_that_stalls_mid_file_is_given_up_and_continued_next_run(hub)
     assert h.sent["model.safetensors"] - 3_000_000 == size - 3_000_000  # only the rest
 
 
+def test_a_slow_download_that_keeps_sending_is_not_cut(hub):
+    h, env, tmp = hub
+    size = len(h.repos[REPO]["files"]["tokenizer.json"])
+    h.trickle["tokenizer.json"] = (size // 8 + 1, 0.4)  # ~3 s in all, never 1 s without bytes
+    code, out, err = _timed({**env, "HF_HUB_DOWNLOAD_TIMEOUT": "1"}, "pull", REPO, limit=60)
+    assert code == 0, err
+    assert _gets(h, "tokenizer.json") == [None]  # one request, not cut, not retried
+    assert h.sent["tokenizer.json"] == size
+
+
 def test_a_bare_name_means_the_most_recent_pull_and_name_at_rev_one_revision(hub, monkeypatch):
     from diffill.model.pulled import resolve_pulled
 
