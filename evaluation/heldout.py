@@ -24,7 +24,8 @@ from pathlib import Path
 
 from .tasks import InfillTask, TaskError, read_jsonl
 
-DEFAULT_HELDOUT = "/work/data/corpus/heldout.jsonl"
+DEFAULT_HELDOUT = "data/corpus/heldout.jsonl"
+"""Where ``diffill corpus --out data/corpus`` writes it, relative to the current directory."""
 HELDOUT_ENV = "DIFFILL_HELDOUT"
 
 

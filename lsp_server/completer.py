@@ -24,6 +24,7 @@ from .context import FimContext, Snippet, build_context, comment_prefix
 from .drafts import Draft, DraftQuery, propose
 from .options import WIRE_NAMES, CompletionOptions, merge_options
 from .postprocess import Processed, dedupe, postprocess
+from .scope import NameCheck
 from .syntax import SyntaxGuard
 
 MODEL = "model"
@@ -86,14 +87,40 @@ def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
 
 
+_DEF = re.compile(r"[ \t]*(?:async[ \t]+def|def|class)\b")
+
+
+def _block_floor(lines_above: Sequence[str]) -> int:
+    """Indentation of the innermost ``def``/``class`` header enclosing the last of
+    ``lines_above`` (-1 when none): a line at that depth or shallower leaves its body."""
+    code = [ln for ln in lines_above if ln.strip() and not ln.lstrip().startswith("#")]
+    if not code:
+        return -1
+    bound = len(_indent(code[-1]))
+    if _DEF.match(code[-1]) and code[-1].rstrip().endswith(":"):
+        return bound
+    for ln in reversed(code[:-1]):
+        ind = len(_indent(ln))
+        if ind < bound:
+            if _DEF.match(ln):
+                return ind
+            bound = ind
+            if ind == 0:
+                break
+    return -1
+
+
 def reindented(draft: str, ctx: FimContext) -> list[str]:
     """``draft`` (a text to insert at the cursor, on a line holding only indentation left of
-    it and nothing right of it) shifted as a block so that its first line starts at the
-    depth of the next non-blank line after the cursor, or else at that of the last one
-    before it (one level deeper when that line opens a block with ``:``): a block copied from
-    another depth, lined up with the hole. Nothing when the cursor line holds code, when a
-    line would lose characters other than indentation, or when the draft already starts
-    at those depths."""
+    it and nothing right of it) shifted as a block into the cursor's own block: its first line
+    at the depth of the last non-blank line before the cursor (one level deeper when that
+    line opens a block with ``:``), or else at the depth of the next non-blank line after
+    the cursor when that depth is still inside the function or class holding the line before
+    (a dedent that stays in it). A depth that leaves that ``def``/``class`` is never tried: a
+    block shifted out of the function the cursor is in parses between two functions, and is
+    wrong there (it was the README example's suggestion: the body of ``mean`` at column 0
+    after ``variance``). Nothing when the cursor line holds code, when a line would lose
+    characters other than indentation, or when the draft already starts at those depths."""
     if ctx.line_prefix.strip() or ctx.line_suffix.strip() or not draft.strip():
         return []
     typed = ctx.line_prefix
@@ -102,14 +129,16 @@ def reindented(draft: str, ctx: FimContext) -> list[str]:
     start = _indent(lines[0])
     unit = "\t" if start.startswith("\t") or typed.startswith("\t") else " "
     below = next((ln for ln in ctx.after_line.split("\n") if ln.strip()), None)
-    above = next((ln for ln in reversed(ctx.prefix[: len(ctx.prefix) - len(typed)].split("\n"))
-                  if ln.strip()), None)
+    before = ctx.prefix[ctx.header_chars: len(ctx.prefix) - len(typed)].split("\n")
+    above = next((ln for ln in reversed(before) if ln.strip()), None)
+    floor = _block_floor(before)
     depths: list[str] = []
-    if below is not None:
-        depths.append(_indent(below))
     if above is not None:
         step = (unit * 4 if unit == " " else unit) if above.rstrip().endswith(":") else ""
         depths.append(_indent(above) + step)
+    if below is not None and len(_indent(below)) > floor and (
+            above is None or not above.rstrip().endswith(":")):
+        depths.append(_indent(below))
     out: list[str] = []
     for depth in depths:
         if depth == start or len(depth) == len(start):
@@ -301,16 +330,21 @@ class Completer:
         depth); only then, since a shifted copy is weaker evidence than a draft as found and
         the model cannot tell a right draft from a wrong one (on held-out seed 1, shifted
         variants beside the others cost one exact line in 200, as a fallback they cost none
-        and raised span edit similarity 0.348 -> 0.356)."""
+        and raised span edit similarity 0.348 -> 0.356). With the syntax guard on (Python), a
+        draft as found or shifted that reads a name nothing binds where it would land
+        (:mod:`.scope`) is left out whole: it was copied from another scope."""
         multi = multiline if multiline is not None else (
             self.options.multiline != "always-single" and not ctx.line_suffix.strip())
         q = DraftQuery(text=text, offset=offset, others=tuple(others), recalled=tuple(recalled),
                        multiline=bool(multi))
         proposed = propose(q)
+        names = NameCheck(guard) if guard is not None else None
         kept: list[Draft] = []
         for shift in (False, True):
             for d in proposed:
                 for variant in reindented(d.text, ctx) if shift else (d.text,):
+                    if names is not None and names.unbound(variant, ctx.line_prefix):
+                        continue  # a copy from another scope: it reads names unbound here
                     shown = self._kept_head(variant, ctx, multiline, guard)
                     if shown is not None:
                         if all(shown != x.text for x in kept):

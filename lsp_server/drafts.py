@@ -556,6 +556,19 @@ class Analogy:
 # --- typeahead -------------------------------------------------------------------------------
 
 
+def rebased(block: str, left: str) -> str:
+    """A recalled multi-line suggestion (its later lines relative to the depth of the line it
+    starts on: ``scheduler.relative_block``) re-indented for the line where ``left`` is the
+    text left of the cursor: its later lines at that line's depth plus their own."""
+    first, nl, rest = block.partition("\n")
+    if not nl:
+        return block
+    pad = left[: len(left) - len(left.lstrip(" \t"))]
+    if not left.strip():
+        pad = left + first[: len(first) - len(first.lstrip(" \t"))]
+    return first + "\n" + "\n".join(pad + ln if ln.strip() else "" for ln in rest.split("\n"))
+
+
 @dataclass(frozen=True)
 class Typeahead:
     """The rest of a suggestion shown earlier for this document (``q.recalled``, best/newest
@@ -563,7 +576,9 @@ class Typeahead:
     suggestion's start (``"total += x"`` with ``"tot"`` typed: ``"al += x"``). The overlap
     starts on a token boundary and holds a non-blank character, or is the indentation typed
     on an otherwise blank line; with the line left of the cursor blank and no overlap the
-    whole suggestion is proposed (the cursor is where it was shown); otherwise nothing."""
+    whole suggestion is proposed (the cursor is where it was shown); otherwise nothing. A
+    multi-line one comes as a block relative to its first line's depth (what the server's
+    cache keeps) and is re-indented as a block for the line it lands on (:func:`rebased`)."""
 
     name = TYPEAHEAD
     candidates: int = 4
@@ -592,18 +607,20 @@ class Typeahead:
     def _rest(text: str, off: int, left: str, rec: str) -> str | None:
         if not rec.strip():
             return None
-        lo = max(0, off - len(rec))
+        lo = max(0, off - len(rec) - 120 * rec.count("\n"))  # rebased lines gain a pad
         first = rec[0]
         i = text.find(first, lo, off)
         while i >= 0:  # the longest overlap first
             typed = text[i:off]
-            if len(typed) < len(rec) and rec.startswith(typed):
+            # the suggestion as it reads where it would start (the line holding i)
+            here = rebased(rec, text[text.rfind("\n", 0, i) + 1 : i])
+            if len(typed) < len(here) and here.startswith(typed):
                 if typed.strip() and _boundary(text, i):
-                    return rec[len(typed) :]
+                    return here[len(typed) :]
                 if not typed.strip() and "\n" not in typed and not left.strip():
-                    return rec[len(typed) :]  # the indentation typed since it was shown
+                    return here[len(typed) :]  # the indentation typed since it was shown
             i = text.find(first, i + 1, off)
-        return rec if not left.strip() else None
+        return rebased(rec, left) if not left.strip() else None
 
 
 DEFAULT_SOURCES: tuple[DraftSource, ...] = (PromptLookup(), SuffixLookup(), Analogy(), Typeahead())

@@ -26,7 +26,11 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     """Everything the user can set. Wire names are camelCase (``modelPath``, ...)."""
 
     enabled: bool = True
+    """Completions on or off (``:DiffillToggle``, ``M-x diffill-toggle``, VS Code's status bar
+    item switch it); off, the server answers every request with nothing."""
     backend: BackendName = "local"
+    """Where completions come from: ``local`` (the model in the server's process) or
+    ``openai`` (an OpenAI-compatible ``/v1/completions`` endpoint, the ``remote*`` options)."""
     model_path: str | None = None
     """Checkpoint folder, or the name of a checkpoint fetched with ``diffill pull``;
     ``None`` = the shipped default model."""
@@ -77,7 +81,10 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     api_key_env: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "DIFFILL_API_KEY"
     """Name of the environment variable holding the API key (the key itself is never a setting)."""
     remote_timeout_ms: Annotated[float, Meta(gt=0, le=600_000)] = 10_000.0
+    """Time allowed for one attempt (connect and answer); a whole request, retries and
+    back-off included, gets at most three times this (``lsp_server/remote.py``)."""
     remote_retries: Annotated[int, Meta(ge=0, le=10)] = 2
+    """Retries after a connection error, a timeout, 408, 429 or 5xx, with exponential back-off."""
 
 
 WIRE_NAMES: dict[str, str] = {
@@ -120,6 +127,25 @@ def merge_options(
             continue
         current = trial
     return msgspec.convert(current, CompletionOptions), errors
+
+
+FLAG_OVERRIDES = {"modelPath": "--model"}
+
+
+def flag_errors(raw: dict[str, Any]) -> list[str]:
+    """Each invalid value of ``raw`` (wire names) as a command line says it, one per option,
+    naming the flag: ``--steps 0: expected `int` >= 1`` (the commands' own errors; an
+    editor's settings get :func:`merge_options`'s, which say what was kept)."""
+    base = msgspec.to_builtins(CompletionOptions())
+    out = []
+    for key, value in raw.items():
+        flag = FLAG_OVERRIDES.get(key) or "--" + WIRE_NAMES.get(key, key).replace("_", "-")
+        try:
+            msgspec.convert({**base, key: value}, CompletionOptions)
+        except msgspec.ValidationError as e:
+            why = _short(e, key)
+            out.append(f"{flag} {value}: {why[:1].lower()}{why[1:]}")
+    return out
 
 
 def _short(e: msgspec.ValidationError, key: str) -> str:

@@ -104,6 +104,30 @@ class _Entry:
     asked: int = 1  # candidates the model run was asked for (it may have found fewer)
 
 
+def relative_block(text: str, line_prefix: str) -> str:
+    """A suggestion shown after ``line_prefix`` with its second and later lines made relative to
+    the depth of the line it starts on (their indentation less that depth), as
+    :class:`~.drafts.Typeahead` re-indents a recalled suggestion for the line it lands on;
+    only its first line when a later line sits left of that depth."""
+    first, nl, rest = text.partition("\n")
+    if not nl:
+        return text
+    depth = line_depth(line_prefix, first)
+    lines = []
+    for ln in rest.split("\n"):
+        if ln.strip() and (len(ln) - len(ln.lstrip(" \t")) < depth):
+            return first
+        lines.append(ln[depth:] if ln.strip() else "")
+    return first + "\n" + "\n".join(lines)
+
+
+def line_depth(left: str, first: str) -> int:
+    """Indentation of the line that holds ``left`` (the text left of the cursor) followed by
+    ``first`` (a suggestion's first line)."""
+    line = left + first
+    return len(line) - len(line.lstrip(" \t"))
+
+
 class TypeaheadCache:
     """The last suggestions per document, keyed by where they were made.
 
@@ -141,14 +165,16 @@ class TypeaheadCache:
                                             asked)
                 recent = self._recent.setdefault(uri, deque(maxlen=self.RECENT))
                 for s in reversed(suggestions):
-                    if s.text in recent:
-                        recent.remove(s.text)
-                    recent.appendleft(s.text)
+                    block = relative_block(s.text, line_prefix)
+                    if block in recent:
+                        recent.remove(block)
+                    recent.appendleft(block)
 
     def recall(self, uri: str) -> list[str]:
         """The texts of the last suggestions made for ``uri``, newest first -- kept across
         the edits that invalidate the typed-ahead entry (a draft source, ``drafts.py``),
-        dropped when the document closes."""
+        dropped when the document closes. A multi-line one is a block relative to the line
+        it starts on (:func:`relative_block`): recalled elsewhere, it is re-indented there."""
         with self._lock:
             return list(self._recent.get(uri, ()))
 

@@ -13,7 +13,13 @@ accepted when an indented ``pass`` after that line makes the buffer parse again.
 
 When the buffer does not parse already (the user is in the middle of typing, which
 is the common case mid-line), nothing is filtered: there is no baseline to protect.
-Buffers over :data:`MAX_CHARS` characters are not checked. Other languages: not checked.
+Other languages: not checked here.
+
+**Buffers of any size are checked** around the cursor. Over :data:`MAX_CHARS` characters the
+whole buffer is never parsed (a 5 MB file costs ~1 s a parse): the segment around the cursor
+must parse as it is and with the suggestion, and the rest of the buffer is taken on trust
+(the one limit left: a segment cut inside a multi-line string of a huge file is judged as
+code; with no segment that parses, nothing is filtered).
 
 **Only the code around the cursor is re-parsed.** Parsing costs ~0.15-0.35 ms per KB, so
 judging every candidate on the whole buffer (:meth:`SyntaxGuard.keeps_whole`, the
@@ -250,13 +256,14 @@ class SyntaxGuard:
 
     def __init__(self, text: str, offset: int, *, language: str | None, path: str | None = None) -> None:
         self.text, self.offset = text, offset
-        self.applies = is_python(language, path) and len(text) <= MAX_CHARS
+        self.applies = is_python(language, path)
+        self.huge = len(text) > MAX_CHARS  # judged on the segment alone (module doc)
         self._segments: dict[tuple[bool, int | None], tuple[int, int, int] | None] = {}
 
     @functools.cached_property
     def active(self) -> bool:
-        """Whether the guard judges at all: a Python buffer, not huge, that parses as it is."""
-        return self.applies and parses(self.text)
+        """Whether the whole-buffer rule judges: a Python buffer, not huge, that parses."""
+        return self.applies and not self.huge and parses(self.text)
 
     def segment(self, wide: bool = False, need: int | None = None) -> tuple[int, int, int] | None:
         """``(a, b, col)``: the characters ``[a, b)`` of the innermost clean cut around the cursor,
@@ -297,11 +304,11 @@ class SyntaxGuard:
             a, b = L.offset_of(i), L.offset_of(j)
             if not parses_as_block(t[a:b], col):
                 continue
-            if _rest_cut_ok(t[:a] + t[b:], i + 1):  # the cut-out block sat at rest's line i + 1
+            if self.huge or _rest_cut_ok(t[:a] + t[b:], i + 1):  # it sat at rest's line i + 1
                 return a, b, col
         return None
 
-    def _written_indent(self, insert: str, replace_right: int) -> int | None:
+    def written_indent(self, insert: str, replace_right: int) -> int | None:
         """Least indentation among the code lines the edit writes or moves (the cursor's line
         with the suggestion in it); None when there are none."""
         t, off = self.text, self.offset
@@ -320,7 +327,7 @@ class SyntaxGuard:
         the whole-buffer rule when there is no clean cut."""
         if not self.applies or not insert:
             return True
-        need = self._written_indent(insert, replace_right)
+        need = self.written_indent(insert, replace_right)
         for wide in (False, True):
             seg = self.segment(wide, need)
             if seg is None or self.offset + replace_right > seg[1]:
@@ -332,8 +339,9 @@ class SyntaxGuard:
         return _opens_block_ok(part, off, insert, replace_right, col)
 
     def keeps_whole(self, insert: str, replace_right: int = 0) -> bool:
-        """The reference rule on the whole buffer (slow on large files)."""
-        if not self.applies or not insert:
+        """The reference rule on the whole buffer (slow on large files; never run on a huge
+        one, which it keeps: module doc)."""
+        if not self.applies or not insert or self.huge:
             return True
         if parses(apply(self.text, self.offset, insert, replace_right)):
             return True

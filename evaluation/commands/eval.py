@@ -19,6 +19,7 @@ from typing import Any
 
 from ... import __version__
 from ...lsp_server.commands import (
+    add_device_option,
     add_recipe_option,
     add_threads_option,
     check_threads,
@@ -67,7 +68,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", metavar="DIR", default=None, help="checkpoint folder (default: the shipped model)")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto (default cpu)")
+    add_device_option(p)
     add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--tasks", metavar="FILE", default=None,
@@ -86,7 +87,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also run these step counts and report quality vs latency (e.g. 1,2,4,8,16)")
     p.add_argument("--heldout", metavar="FILE", default=None,
                    help="held-out corpus jsonl {package, path, text} (default: $DIFFILL_HELDOUT or "
-                        "/work/data/corpus/heldout.jsonl when present)")
+                        "data/corpus/heldout.jsonl under the current directory, where `diffill corpus --out "
+                        "data/corpus` writes it, when present)")
     p.add_argument("--no-heldout", action="store_true", help="skip the held-out corpus")
     p.add_argument("--heldout-lines", type=int, default=200, metavar="N", help="masked single lines (default 200)")
     p.add_argument("--heldout-spans", type=int, default=100, metavar="N", help="masked 2-4 line spans (default 100)")

@@ -18,6 +18,18 @@ THREADS_HELP = (
 )
 
 
+DEVICE_HELP = (
+    "torch device: cpu (the default: diffill never picks a GPU by itself), cuda (the first "
+    "GPU), cuda:1 (another), or auto (cuda when torch sees one, else cpu). A GPU needs a CUDA "
+    "build of torch (README, 'Which torch'); `diffill info --device cuda` checks it"
+)
+
+
+def add_device_option(p: argparse.ArgumentParser, *, default: str | None = "cpu",
+                      note: str = "") -> None:
+    p.add_argument("--device", default=default, help=DEVICE_HELP + note)
+
+
 RECIPE_HELP = (
     "family infilling recipe to use instead of the one chosen from the checkpoint "
     "(dreamon, diffucoder-instruct, dream, open-dcoder, coda, llada, diffill, generic; "

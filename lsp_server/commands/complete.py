@@ -30,7 +30,14 @@ import msgspec
 
 from ..backends import BackendError, LocalBackend, load_local_backend
 from ..completer import Completer, options_from_kwargs
-from . import add_recipe_option, add_threads_option, check_threads, configure_threads
+from ..options import WIRE_NAMES, flag_errors
+from . import (
+    add_device_option,
+    add_recipe_option,
+    add_threads_option,
+    check_threads,
+    configure_threads,
+)
 
 MAX_FILE_MB_DEFAULT = 16.0
 
@@ -72,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="1-based column of the cursor: the cursor sits before this character")
     p.add_argument("--model", default=None, metavar="DIR|NAME",
                    help="checkpoint folder or pulled checkpoint name (default: the shipped model)")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto")
+    add_device_option(p)
     add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--max-tokens", type=int, default=None, help="longest middle in tokens (32)")
@@ -90,6 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help=f"refuse larger files ({MAX_FILE_MB_DEFAULT:g} MB)")
     p.add_argument("--no-drafts", dest="drafts", action="store_false", default=None,
                    help="the model alone: no drafts from the file to verify (option drafts)")
+    p.add_argument("--language", default=None, metavar="ID",
+                   help="LSP language id of the text (python, typescript, ...): decides the "
+                        "comment syntax and the syntax guard (default: from FILE's extension; "
+                        "python for standard input)")
     p.add_argument("--json", action="store_true",
                    help="print a JSON object: suggestions, scores, token counts, timings, "
                         "budget (the exit status is the same as without --json)")
@@ -178,6 +189,11 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None:
             opts[name] = v
+    py_to_wire = {v: k for k, v in WIRE_NAMES.items()}
+    bad = flag_errors({py_to_wire[k]: v for k, v in opts.items() if v is not None})
+    if bad:
+        print("diffill complete: " + "; ".join(bad), file=sys.stderr)
+        return EXIT_USAGE
     try:
         options = options_from_kwargs(**opts)
     except ValueError as e:
@@ -198,12 +214,13 @@ def run(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - t0
     completer = Completer(backend, options)
     path = None if args.file == "-" else args.file
+    language = args.language or ("python" if path is None else None)
     budget_ms = backend.budget_ms(options.latency_budget_ms)
     try:
         warmup_ms = None if options.steps is not None else _warm_up_on(completer, text, offset, args.n, path)
         calls0 = backend.model_calls
         t1 = time.perf_counter()
-        res = completer.run(text, offset, n=args.n, path=path)
+        res = completer.run(text, offset, n=args.n, path=path, language=language)
         complete_ms = (time.perf_counter() - t1) * 1000.0
     except BackendError as e:
         print(f"diffill complete: {e}", file=sys.stderr)

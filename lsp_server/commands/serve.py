@@ -7,9 +7,15 @@ import logging
 import os
 import sys
 
-from ..options import CompletionOptions, merge_options
+from ..options import CompletionOptions, flag_errors, merge_options
 from ..server import create_server, setup_logging
-from . import add_recipe_option, add_threads_option, check_threads, threads_to_env
+from . import (
+    add_device_option,
+    add_recipe_option,
+    add_threads_option,
+    check_threads,
+    threads_to_env,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", default=None, metavar="DIR|NAME",
                    help="checkpoint folder or pulled checkpoint name (default: the shipped model)")
-    p.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1, auto")
+    add_device_option(p, default=None, note=" (default: the editor's `device` option, else cpu)")
     add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--tcp", default=None, metavar="HOST:PORT", help="listen on TCP instead of stdio")
@@ -66,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raw["recipe"] = args.recipe
     defaults, errors = merge_options(CompletionOptions(), raw)
     if errors:
-        print("diffill serve: " + "; ".join(errors), file=sys.stderr)
+        print("diffill serve: " + "; ".join(flag_errors(raw) or errors), file=sys.stderr)
         return 2
     err = check_threads(args)
     if err:

@@ -15,8 +15,14 @@ import sys
 from pathlib import Path
 
 from ..backends import load_local_backend
-from ..options import CompletionOptions, merge_options
-from . import add_recipe_option, add_threads_option, check_threads, threads_to_env
+from ..options import CompletionOptions, flag_errors, merge_options
+from . import (
+    add_device_option,
+    add_recipe_option,
+    add_threads_option,
+    check_threads,
+    threads_to_env,
+)
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -33,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", default=None, metavar="DIR",
                    help="checkpoint folder (default: the shipped default model)")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, auto")
+    add_device_option(p)
     add_recipe_option(p)
     add_threads_option(p)
     p.add_argument("--host", default="127.0.0.1",
@@ -154,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     options, errors = merge_options(CompletionOptions(), raw)
     try:
         if errors:
-            raise ValueError("; ".join(errors))
+            raise ValueError("; ".join(flag_errors(raw) or errors))
         token = read_token(args)
         config = HttpConfig(
             token=token,

@@ -3,6 +3,8 @@ control flow only)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # -- token healing (mock backend: control flow only) ---------------------------------------------
 
 class _ScriptedBackend:
@@ -235,6 +237,55 @@ def test_drafts_at_another_depth_are_shifted_only_when_nothing_else_is_kept(monk
     monkeypatch.setattr(mod, "propose", lambda q: [deep])
     assert c.drafts_for(text, off, ctx, multiline=False, guard=guard) == [
         Draft("    check_the_input(x)", "lookup")]
-    right = Draft("    log_the_value(x)", "analogy")
+    right = Draft("    print(x)", "analogy")
     monkeypatch.setattr(mod, "propose", lambda q: [deep, right])
     assert c.drafts_for(text, off, ctx, multiline=False, guard=guard) == [right]
+
+
+STATS = Path(__file__).resolve().parents[3] / "examples" / "stats.py"
+MEAN_BODY = "    total = 0\n    for v in values:\n        total += v\n    return total / len(values)"
+
+
+def _stats_cursor() -> tuple[str, int]:
+    text = STATS.read_text()
+    return text, text.index("    m = mean(values)\n") + len("    m = mean(values)\n")
+
+
+def test_shifted_drafts_stay_in_the_function_holding_the_cursor():
+    """The README example (examples/stats.py line 15, column 1, inside ``variance``): the
+    next line is ``def main():`` at column 0, and a block shifted there parses between the
+    two functions -- it used to be tried first and was the example's suggestion."""
+    from diffill.lsp_server.completer import Completer, reindented
+
+    text, off = _stats_cursor()
+    ctx = Completer(_Verifier(set(), [])).build(text, off)
+    assert reindented(MEAN_BODY.replace("\n    ", "\n        ").replace("    t", "        t", 1),
+                      ctx) == [MEAN_BODY]  # into variance's body, never to column 0
+    assert reindented(MEAN_BODY, ctx) == []  # already at that depth: nothing to shift
+    # a dedent that stays inside the function is still tried, after the line above's depth
+    nested, noff = _cursor("def f(xs):\n    for x in xs:\n        go(x)\n|\n    return xs\n")
+    nctx = Completer(_Verifier(set(), [])).build(nested, noff)
+    assert reindented("done(xs)", nctx) == ["        done(xs)", "    done(xs)"]
+
+
+def test_a_copied_block_that_reads_names_unbound_where_it_lands_is_not_offered(monkeypatch):
+    from diffill.lsp_server import completer as mod
+    from diffill.lsp_server.drafts import Draft
+    from diffill.lsp_server.syntax import SyntaxGuard
+
+    text, off = _stats_cursor()
+    c = mod.Completer(_Verifier(set(), []))
+    ctx = c.build(text, off, language="python")
+    guard = SyntaxGuard(text, off, language="python")
+    at_zero = Draft(MEAN_BODY.replace("\n    ", "\n")[4:], "analogy")  # mean's body at column 0
+    monkeypatch.setattr(mod, "propose", lambda q: [at_zero])
+    # as found it parses at column 0 (a block between the two functions) but reads `values`,
+    # which only variance's parameters bind; shifted into variance it reads only its names
+    assert guard.keeps(at_zero.text)
+    assert c.drafts_for(text, off, ctx, multiline=True, guard=guard) == [
+        Draft(MEAN_BODY, "analogy")]
+    helper = Draft("    return spread(values, m)", "lookup")  # `spread` is bound nowhere
+    monkeypatch.setattr(mod, "propose", lambda q: [helper])
+    assert c.drafts_for(text, off, ctx, multiline=True, guard=guard) == []
+    # without the syntax guard (option syntaxCheck off) nothing is judged
+    assert c.drafts_for(text, off, ctx, multiline=True, guard=None) == [helper]

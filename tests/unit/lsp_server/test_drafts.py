@@ -252,6 +252,29 @@ def test_typeahead_overlap():
     ]
 
 
+def test_typeahead_reindents_a_recalled_block_for_the_line_it_lands_on():
+    """A two-line suggestion shown at depth 8 (under ``if __name__ == "__main__":`` in a
+    nested block) came back at depth 4 with its second line still 8 spaces in: an
+    IndentationError once accepted. The server's cache keeps a multi-line suggestion
+    relative to its first line's depth (``scheduler.relative_block``); the source re-indents
+    it as a block where it lands."""
+    from diffill.lsp_server.scheduler import relative_block
+
+    shown = relative_block("main()\n        sys.exit(0)", "        ")
+    assert shown == "main()\nsys.exit(0)"
+    got = Typeahead().propose(query("def f():\n    |\n", recalled=[shown], multiline=True))
+    assert [d.text for d in got] == ["main()\n    sys.exit(0)"]
+    # its first line typed on a line at depth 4: the rest at that line's depth
+    got = Typeahead().propose(query("def f():\n    mai|\n", recalled=[shown], multiline=True))
+    assert [d.text for d in got] == ["n()\n    sys.exit(0)"]
+    # and across the newline, typed at depth 4 ("main()" Enter and the indentation)
+    got = Typeahead().propose(query("def f():\n    main()\n    |\n", recalled=[shown],
+                                    multiline=True))
+    assert [d.text for d in got] == ["sys.exit(0)"]
+    # a later line left of the first line's depth: only the first line is kept
+    assert relative_block("x = 1\n  y = 2", "    ") == "x = 1"
+
+
 def test_typeahead_without_overlap_gives_nothing():
     src = "def f(xs):\n    for x in xs:\n        cou|\n"
     assert Typeahead().propose(query(src, recalled=["total += x"])) == []

@@ -33,7 +33,7 @@ def test_block_openers_are_allowed_when_a_body_would_follow():
     assert not g.keeps("    for x in (xs:")
 
 
-def test_guard_is_off_when_the_buffer_does_not_parse_or_is_not_python_or_huge():
+def test_guard_is_off_when_the_buffer_does_not_parse_or_is_not_python():
     broken = "def f(xs):\n    total = (\n\n"
     assert not SyntaxGuard(broken, len(broken) - 1, language="python").active
     assert SyntaxGuard(broken, len(broken) - 1, language="python").keeps("    ((((")
@@ -41,7 +41,25 @@ def test_guard_is_off_when_the_buffer_does_not_parse_or_is_not_python_or_huge():
     assert not SyntaxGuard(BUF, CUR, language=None).active  # no language, no path
     assert SyntaxGuard(BUF, CUR, language=None, path="x.py").active
     huge = BUF + "x = 1\n" * (MAX_CHARS // 6 + 1)
-    assert not SyntaxGuard(huge, CUR, language="python").active
+    assert not SyntaxGuard(huge, CUR, language="python").active  # no whole-buffer parse
+
+
+def test_a_huge_buffer_is_still_checked_around_the_cursor():
+    """A 5 MB file got ``    return x x`` (the guard was off over MAX_CHARS characters); now
+    the segment around the cursor is judged in any buffer size."""
+    fn = "def f{i}(x):\n    y = x + {i}\n    return y\n\n\n"
+    text = "".join(fn.format(i=i) for i in range(100_000))
+    text += "def g(x):\n    y = 2\n\n\ndef h():\n    pass\n"
+    assert len(text) > 10 * MAX_CHARS
+    off = text.index("    y = 2\n") + len("    y = 2\n")
+    g = SyntaxGuard(text, off, language="python")
+    assert not g.keeps("    return x x")
+    assert not g.keeps("    return (x")
+    assert g.keeps("    return x")
+    assert g.keeps("    for v in x:")  # a block opener, its body to come
+    # a huge buffer that is broken around the cursor: no baseline, nothing filtered
+    broken = text.replace("    y = 2\n", "    y = (\n")
+    assert SyntaxGuard(broken, off, language="python").keeps("    return x x")
 
 
 def test_replace_right_is_honoured():

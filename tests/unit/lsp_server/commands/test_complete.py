@@ -150,7 +150,32 @@ def test_exit_2_for_usage_and_bad_input(capsys, words, w7_model):
     assert rc == 2 and "--line 9" in err
     rc, _, err = run_cli(capsys, str(words), "--line", "1", "--col", "1", "--model", str(w7_model),
                          "--latency-budget-ms", "0")
-    assert rc == 2 and "latencyBudgetMs" in err
+    # the flag and its value are named, as typed; nothing about what an editor would keep
+    assert rc == 2 and "--latency-budget-ms 0.0: expected" in err and "kept" not in err, err
+    rc, _, err = run_cli(capsys, str(words), "--line", "1", "--col", "1", "--model", str(w7_model),
+                         "--steps", "0")
+    assert (rc, err.strip()) == (2, "diffill complete: --steps 0: expected `int` >= 1")
+
+
+def test_standard_input_gets_the_syntax_guard(capsys, w7_model, monkeypatch):
+    """``diffill complete -`` used to run with the guard off: "w7" after ``return 1`` (which
+    makes ``1w7``, a syntax error) was printed. Standard input is Python unless --language
+    says otherwise."""
+    import io
+    import sys
+
+    def stdin() -> None:
+        data = b"def f():\n    return 1\n"
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+    args = ("-", "--line", "2", "--col", "13", "--model", str(w7_model), "--steps", "2",
+            "--max-tokens", "4")
+    stdin()
+    rc, out, err = run_cli(capsys, *args)
+    assert (rc, out) == (1, ""), err
+    stdin()
+    rc, out, err = run_cli(capsys, *args, "--language", "plaintext")
+    assert rc == 0 and out.startswith("w7"), err
 
 
 def test_exit_4_when_the_model_fails(capsys, words, w7_model, monkeypatch):
