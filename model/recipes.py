@@ -204,7 +204,7 @@ RECIPES: tuple[Recipe, ...] = (
         end=("@eos",),
         terminators=("@pad", "@eos"),
         filler="@pad",
-        sources=("diffill's default: [BOS] prefix [MASK]*n suffix [EOS] (DESIGN.md)",),
+        sources=("model/sampler.py (Canvas): without a family recipe, [BOS] prefix [MASK]*n suffix [EOS]",),
         note="no family recipe known; pass --recipe to use one",
     ),
 )
