@@ -99,7 +99,7 @@ def _run_code_server_and_driver(
             driver_cfg = user_data.parent / "driver.json"
             driver_cfg.write_text(json.dumps({**cfg, "url": f"http://127.0.0.1:{port}/?folder={ws}"}))
             return subprocess.run(
-                [str(NODE), str(h.DRIVERS / "vscode_driver.js"), str(driver_cfg)],
+                [str(NODE), str(h.DRIVERS / str(cfg.get("driver", "vscode_driver.js"))), str(driver_cfg)],
                 capture_output=True, text=True, timeout=240,
                 env={**env, "NODE_PATH": str(h.DRIVER_MODULES)},
             )

@@ -31,6 +31,15 @@ interface DiffillStatus {
 let client: LanguageClient | undefined;
 let statusItem: vscode.StatusBarItem;
 let output: vscode.LogOutputChannel;
+/**
+ * Until when (Date.now() ms) a completion request comes from the `diffill.suggest` command.
+ * VS Code opens the suggestion list by itself (trigger characters, quick suggestions) with its
+ * first item selected, and Enter accepts it by default (`editor.acceptSuggestionOnEnter`):
+ * typing `[` then Enter would put diffill's whole suggestion into the document. So, unless
+ * `diffill.suggestionList` is `always`, diffill's items go only into a list the user asked
+ * for with that command; ghost text (accepted with Tab only) is the automatic path.
+ */
+let listAskedUntil = 0;
 /** Set in end-to-end tests only: JSON lines describing what the editor received. */
 const tracePath = process.env.DIFFILL_VSCODE_TRACE;
 
@@ -56,6 +65,13 @@ function makeClient(): LanguageClient {
     outputChannel: output,
     initializationOptions: { [SECTION]: serverOptions(settings()) },
     middleware: {
+      provideCompletionItem: async (document, position, context, token, next) => {
+        const asked = Date.now() < listAskedUntil;
+        const always = settings().get<string>('suggestionList') === 'always';
+        trace({ event: 'completion-request', triggerKind: context.triggerKind, asked, always });
+        if (!asked && !always) return { isIncomplete: true, items: [] };
+        return next(document, position, context, token);
+      },
       provideInlineCompletionItems: async (document, position, context, token, next) => {
         trace({ event: 'inline-request', version: document.version, position: [position.line, position.character] });
         const result = await next(document, position, context, token);
@@ -167,6 +183,10 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
     output,
     statusItem,
     vscode.commands.registerCommand('diffill.toggle', toggle),
+    vscode.commands.registerCommand('diffill.suggest', async () => {
+      listAskedUntil = Date.now() + 5000;
+      await vscode.commands.executeCommand('editor.action.triggerSuggest');
+    }),
     vscode.commands.registerCommand('diffill.restart', async () => {
       await stopClient();
       await startClient();
