@@ -97,7 +97,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -110,7 +110,8 @@ from msgspec import Meta
 
 from .backends import Backend, BackendError, Cancelled, Candidate
 from .completer import Completer
-from .context import FimContext
+from .context import FimContext, Snippet
+from .http_cost import Price, default_max_request_ms, price
 from .options import CompletionOptions
 
 log = logging.getLogger("diffill.http")
@@ -343,6 +344,9 @@ class HttpConfig:
     """Largest ``steps`` a request may ask for (400 above)."""
     max_request_tokens: int = 256
     """Largest ``max_tokens`` (400 above); lowered at load to what the model can hold."""
+    max_request_ms: float | None = None
+    """Largest predicted model time of one request (400 above; priced from the step plan,
+    :mod:`.http_cost`); None: the device's default."""
     model_names: list[str] = field(default_factory=lambda: ["diffill"])
     """Names ``model`` may take; the first is reported. Empty: any name accepted."""
     debug_log_buffers: bool = False
@@ -356,6 +360,8 @@ class HttpConfig:
         for name in ("request_timeout_s", "header_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.max_request_ms is not None and not self.max_request_ms > 0:
+            raise ValueError("max_request_ms must be > 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
 
@@ -365,6 +371,61 @@ class Choice:
     text: str
     finish_reason: str
     tokens: int
+
+
+@dataclass
+class Fill:
+    """One prompt to fill, whichever route it came from (the shared request path)."""
+
+    prompt: str
+    suffix: str
+    max_tokens: int
+    n: int = 1
+    temperature: float = 0.0
+    seed: int | None = None
+    steps: int | None = None
+    raw: bool = False
+    healing: bool = True
+    stops: list[str] = field(default_factory=list)
+    snippets: tuple[Snippet, ...] = ()
+    """Cross-file extra context (llama-server's ``input_extra``), written as the header."""
+    latency_budget_ms: float | None = None
+    """The request's own latency budget (llama-server's ``t_max_predict_ms``)."""
+    encode_batch: Callable[[list[str]], list[list[int]]] | None = None
+    """A tokenizer to use instead of the backend's (the /infill route's cache)."""
+
+
+@dataclass
+class FillResult:
+    choices: list[Choice]
+    context: FimContext
+    steps: int
+    model_ms: float
+    """Time inside the backend's denoising calls."""
+    other_ms: float
+    """The rest of the worker's time: context, tokenising, healing, post-processing."""
+
+
+class _TimedBackend:
+    """The backend as :class:`Completer` sees it for one request: its ``infill`` calls
+    timed, and (optionally) another tokenizer; everything else is the backend's."""
+
+    def __init__(self, backend: Backend,
+                 encode_batch: Callable[[list[str]], list[list[int]]] | None = None) -> None:
+        self._backend = backend
+        self.model_ms = 0.0
+        if encode_batch is not None:
+            self.encode_batch = encode_batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def infill(self, *args: Any, **kw: Any) -> list[Candidate]:
+        t0 = time.perf_counter()
+        try:
+            return self._backend.infill(*args, **kw)
+        finally:
+            self.model_ms += (time.perf_counter() - t0) * 1000.0
 
 
 class Job:
@@ -472,36 +533,43 @@ class HttpFront:
         return max(RETRYABLE_HINT_S, math.ceil(mean * waves))
 
     # -- the model call (worker thread) ------------------------------------------------------
-    def complete_one(self, req: CompletionRequest, prompt: str, job: Job, *,
-                     healing: bool = True) -> tuple[list[Choice], FimContext, int]:
+    def complete_one(self, fill: Fill, job: Job) -> FillResult:
         """One prompt through the language server's text path (:meth:`Completer.run`:
         context, token healing, model, post-processing); ``raw`` skips token healing and
         post-processing (the model's middles at the cursor, untouched); ``healing=False``
-        skips token healing only (the client healed already). Returns the choices, the
-        context and the refinement steps the model took."""
+        skips token healing only (the client healed already). Every route (OpenAI
+        ``/v1/completions``, llama-server ``/infill``) runs its prompts through here."""
         backend = self.backend
         assert backend is not None
-        max_tokens = req.max_tokens or min(DEFAULT_MAX_TOKENS, self.max_tokens_limit)
-        opts = msgspec.structs.replace(self.options, max_tokens=max_tokens)
-        if req.raw or not healing:
-            opts = msgspec.structs.replace(opts, token_healing=False)
-        if req.raw:  # the model's own middles: no drafts either
-            opts = msgspec.structs.replace(opts, drafts=False)
-        temperature = req.temperature or 0.0
-        extra: dict[str, Any] = {"temperature": temperature, "seed": req.seed} if temperature > 0 else {}
-        res = Completer(backend, opts).run(
-            prompt + (req.suffix or ""),
-            len(prompt),
-            n=req.n,
+        max_tokens = fill.max_tokens
+        changes: dict[str, Any] = {"max_tokens": max_tokens}
+        if fill.raw or not fill.healing:
+            changes["token_healing"] = False
+        if fill.raw:  # the model's own middles: no drafts either
+            changes["drafts"] = False
+        if fill.snippets:
+            changes["extra_context"] = True
+        if fill.latency_budget_ms is not None:
+            changes["latency_budget_ms"] = fill.latency_budget_ms
+        opts = msgspec.structs.replace(self.options, **changes)
+        extra: dict[str, Any] = ({"temperature": fill.temperature, "seed": fill.seed}
+                                 if fill.temperature > 0 else {})
+        timed = _TimedBackend(backend, fill.encode_batch)
+        t0 = time.perf_counter()
+        res = Completer(timed, opts).run(
+            fill.prompt + fill.suffix,
+            len(fill.prompt),
+            n=fill.n,
             cancel=job.cancel,
-            steps=req.steps,
+            steps=fill.steps,
             backend_kwargs=extra,
+            snippets=fill.snippets,
         )
+        total_ms = (time.perf_counter() - t0) * 1000.0
         cands: list[Candidate] = res.candidates
-        stops = stop_list(req.stop)
         raw_tokens = {c.text: c.tokens for c in cands}
-        if req.raw:
-            picked = [(c.text, c.text) for c in cands[: req.n]]
+        if fill.raw:
+            picked = [(c.text, c.text) for c in cands[: fill.n]]
         else:
             picked = [(s.text, s.raw) for s in res.suggestions]
         if not picked:
@@ -509,14 +577,15 @@ class HttpFront:
         texts = []
         reasons = []
         for text, raw in picked:
-            cut, stopped = cut_at_stop(text, stops)
+            cut, stopped = cut_at_stop(text, fill.stops)
             full = raw_tokens.get(raw, 0) >= max_tokens
             texts.append(cut)
             reasons.append("length" if full and not stopped else "stop")
         counts = backend.encode_batch(texts)
         steps = max((c.steps for c in cands), default=0)
         choices = [Choice(t, r, len(c)) for t, r, c in zip(texts, reasons, counts, strict=True)]
-        return choices, res.context, steps
+        return FillResult(choices, res.context, steps, timed.model_ms,
+                          max(0.0, total_ms - timed.model_ms))
 
     # -- checks on the headers (before any body byte is read) --------------------------------
     def check_auth(self, request: web.Request) -> None:
@@ -573,6 +642,38 @@ class HttpFront:
             raise RequestError(400, f"steps={req.steps} is over the server's limit of {steps_cap} "
                                "(--max-request-steps)", param="steps", code="steps_too_large")
 
+    def max_request_ms(self) -> float:
+        """The cap on a request's predicted model time (``max_request_ms``, else the
+        device's default, :data:`.http_cost.DEFAULT_MAX_REQUEST_MS`)."""
+        if self.config.max_request_ms is not None:
+            return self.config.max_request_ms
+        device = self.backend.describe().get("device") if self.backend is not None else None
+        return default_max_request_ms(str(device) if device else None)
+
+    def price(self, fill: Fill) -> Price | None:
+        """The predicted model time of one prompt (:mod:`.http_cost`; None: no plan)."""
+        budget = self.options.context_tokens
+        extra = sum(len(s.text) + len(s.path) + 16 for s in fill.snippets)
+        return price(self.backend, ctx_tokens=min(budget, len(fill.prompt) + len(fill.suffix)
+                                                  + extra),
+                     max_tokens=fill.max_tokens, n=fill.n, steps=fill.steps,
+                     budget_ms=fill.latency_budget_ms or self.options.latency_budget_ms)
+
+    def check_cost(self, fills: Sequence[Fill]) -> None:
+        """A request whose prompts together would hold a worker longer than
+        :meth:`max_request_ms` is a 400 naming what it costs (before it runs)."""
+        cap = self.max_request_ms()
+        prices = [p for p in (self.price(f) for f in fills) if p is not None]
+        total = sum(p.ms for p in prices)
+        if prices and total > cap:
+            worst = max(prices, key=lambda p: p.ms)
+            param = "steps" if fills[0].steps is not None else "max_tokens"
+            raise RequestError(400, f"request too costly: {len(fills)} prompt(s), the largest "
+                               f"{worst.describe()}; {total:.0f} ms in all is over the server's "
+                               f"limit of {cap:.0f} ms of model time per request "
+                               "(--max-request-ms); ask for fewer steps or tokens",
+                               param=param, code="request_too_costly")
+
     async def read_body(self, request: web.Request) -> bytes:
         """The body, within ``body_timeout_s`` and ``max_body_bytes`` (408 / 413), decoded
         (a bad ``Content-Encoding`` or a body cut short: 400)."""
@@ -607,34 +708,31 @@ class HttpFront:
             conn.body_read()
         return body
 
-    # -- handlers ----------------------------------------------------------------------------
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        rid = request_id(request)
-        t0 = time.perf_counter()
-        admitted = False
+    # -- the request path shared by every route ----------------------------------------------
+    @contextlib.asynccontextmanager
+    async def admitted(self, request: web.Request) -> AsyncIterator[bytes]:
+        """The checks on the headers (token, readiness, a queue slot), then the body: the
+        request holds its queue slot until the block ends. Raises :class:`RequestError`."""
+        self.check_auth(request)
+        self.check_ready()
+        self.admit()
         try:
-            try:
-                self.check_auth(request)
-                self.check_ready()
-                self.admit()
-                admitted = True
-                body = await self.read_body(request)
-                req = parse_request(body)
-                model_name = self.check_model(req.model)
-                self.check_limits(req)
-            except RequestError as e:
-                if e.status != 429:
-                    self.count(f"http_{e.status}")
-                return error_response(e, rid)
-            healing = request.headers.get(NO_HEALING_HEADER, "").strip().lower() not in ("0", "false", "off")
-            return await self._run(request, req, model_name, rid, t0, healing)
+            yield await self.read_body(request)
         finally:
-            if admitted:
-                self.pending -= 1
+            self.pending -= 1
 
-    async def _run(self, request: web.Request, req: CompletionRequest, model_name: str,
-                   rid: str, t0: float, healing: bool = True) -> web.StreamResponse:
+    def openai_fills(self, req: CompletionRequest, healing: bool) -> list[Fill]:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        max_tokens = req.max_tokens or min(DEFAULT_MAX_TOKENS, self.max_tokens_limit)
+        return [Fill(prompt=p, suffix=req.suffix or "", max_tokens=max_tokens, n=req.n,
+                     temperature=req.temperature or 0.0, seed=req.seed, steps=req.steps,
+                     raw=req.raw, healing=healing, stops=stop_list(req.stop)) for p in prompts]
+
+    async def execute(self, request: web.Request, fills: list[Fill],
+                      t0: float) -> list[FillResult]:
+        """Run the prompts on a worker thread within the request timeout (measured from
+        ``t0``, admission). Raises :class:`RequestError` (504 timeout, 499 client gone, 400
+        from the backend, 500 model error); counts what happened."""
         transport = request.transport
 
         def closing() -> bool:
@@ -645,15 +743,17 @@ class HttpFront:
         job = Job(time.monotonic() + left, closing)
         loop = asyncio.get_running_loop()
 
-        def work() -> list[tuple[list[Choice], FimContext, int]]:
+        def work() -> list[FillResult]:
             with self._running_lock:
                 self.running += 1
             try:
-                return [self.complete_one(req, p, job, healing=healing) for p in prompts]
+                return [self.complete_one(f, job) for f in fills]
             finally:
                 with self._running_lock:
                     self.running -= 1
 
+        timed_out = RequestError(504, f"request timed out after {timeout:g} s",
+                                 kind="server_error", code="timeout")
         fut = loop.run_in_executor(self.executor, work)
         # the worker may finish after the answer went out (timeout, disconnect): its
         # result or exception is dropped here rather than reported as never retrieved
@@ -663,45 +763,62 @@ class HttpFront:
         except asyncio.TimeoutError:
             job.timed_out = True
             job.aborted.set()  # a queued job never starts; a running one stops at its next step
-            self.count("http_504")
-            return error_response(RequestError(504, f"request timed out after {timeout:g} s",
-                                               kind="server_error", code="timeout"), rid)
+            raise timed_out from None
         except asyncio.CancelledError:  # the handler of a closed connection is cancelled
             job.aborted.set()
             self.count("client_gone")
             raise
         except Cancelled:
             if job.timed_out:
-                self.count("http_504")
-                return error_response(RequestError(504, f"request timed out after {timeout:g} s",
-                                                   kind="server_error", code="timeout"), rid)
+                raise timed_out from None
             self.count("client_gone")
-            return error_response(RequestError(499, "client closed the request",
-                                               kind="server_error", code="client_gone"), rid)
+            raise RequestError(499, "client closed the request", kind="server_error",
+                               code="client_gone") from None
         except BackendError as e:
-            self.count("http_400")
-            return error_response(RequestError(400, str(e)), rid)
+            raise RequestError(400, str(e)) from None
         except Exception as e:  # the model failed (out of memory, ...): this request only
-            self.count("http_500")
-            return error_response(RequestError(500, f"model error: {type(e).__name__}: {e}",
-                                               kind="server_error", code="model_error"), rid)
-        dt = time.perf_counter() - t0
-        self.latencies.append(dt)
+            raise RequestError(500, f"model error: {type(e).__name__}: {e}",
+                               kind="server_error", code="model_error") from None
+        self.latencies.append(time.perf_counter() - t0)
         self.count("completed")
+        return results
+
+    # -- handlers ----------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        rid = request_id(request)
+        t0 = time.perf_counter()
+        try:
+            async with self.admitted(request) as body:
+                req = parse_request(body)
+                model_name = self.check_model(req.model)
+                self.check_limits(req)
+                healing = request.headers.get(NO_HEALING_HEADER, "").strip().lower() not in (
+                    "0", "false", "off")
+                fills = self.openai_fills(req, healing)
+                self.check_cost(fills)
+                results = await self.execute(request, fills, t0)
+        except RequestError as e:
+            if e.status not in (429, 499):
+                self.count(f"http_{e.status}")
+            return error_response(e, rid)
+        return self.openai_answer(req, fills, results, model_name, rid)
+
+    def openai_answer(self, req: CompletionRequest, fills: list[Fill],
+                      results: list[FillResult], model_name: str, rid: str) -> Reply:
         choices = []
         prompt_tokens = 0
         completion_tokens = 0
         steps = []
-        for i, (chs, ctx, st) in enumerate(results):
-            prompt_tokens += ctx.prefix_tokens + ctx.suffix_tokens
-            steps.append(st)
-            for j, ch in enumerate(chs):
+        for i, r in enumerate(results):
+            prompt_tokens += r.context.prefix_tokens + r.context.suffix_tokens
+            steps.append(r.steps)
+            for j, ch in enumerate(r.choices):
                 completion_tokens += ch.tokens
                 choices.append({"text": ch.text, "index": i * req.n + j,
                                 "finish_reason": ch.finish_reason, "logprobs": None})
         if self.config.debug_log_buffers:
-            log.debug("request %s prompt tail %r suffix head %r -> %r", rid, prompts[0][-200:],
-                      (req.suffix or "")[:200], [c["text"] for c in choices])
+            log.debug("request %s prompt tail %r suffix head %r -> %r", rid, fills[0].prompt[-200:],
+                      fills[0].suffix[:200], [c["text"] for c in choices])
         out = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -714,7 +831,7 @@ class HttpFront:
         }
         resp = Reply(body=msgspec.json.encode(out), content_type="application/json",
                      headers={"X-Request-Id": rid})
-        resp.note = (f"{len(prompts)} prompt(s), {prompt_tokens} prompt tokens -> {len(choices)} "
+        resp.note = (f"{len(fills)} prompt(s), {prompt_tokens} prompt tokens -> {len(choices)} "
                      f"choices, steps {steps}")
         return resp
 
@@ -795,6 +912,7 @@ class HttpFront:
                 "max_body_bytes": c.max_body_bytes,
                 "max_request_steps": c.max_request_steps,
                 "max_request_tokens": self.max_tokens_limit,
+                "max_request_ms": self.max_request_ms() if self.backend is not None else None,
             },
             "uptime_s": round(time.time() - self.started, 1),
             "engine_requests": desc.get("engine_requests"),
