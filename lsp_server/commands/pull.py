@@ -298,6 +298,8 @@ def pull(spec: str, revision: str | None = None, dest: str | None = None,
     (:class:`HubTimeout` when the hub did not answer in time). ``say`` gets the progress
     lines (what is being waited for); default: stderr."""
     import huggingface_hub as hh  # optional dependency (diffill[hub]): only this command
+    from huggingface_hub import constants as hh_constants
+    from huggingface_hub.utils import build_hf_headers, get_session
 
     from ...model.loader import check_checkpoint  # torch, for the check: not for --list
     from ...model.pulled import published, record_pull  # as above
@@ -314,7 +316,7 @@ def pull(spec: str, revision: str | None = None, dest: str | None = None,
     if timeout is not None and not timeout > 0:
         raise PullError(f"--timeout must be > 0 seconds, got {timeout:g}")
     meta_t, read_t = timeouts(timeout)
-    endpoint = (os.environ.get("HF_ENDPOINT") or hh.constants.ENDPOINT).rstrip("/")
+    endpoint = (os.environ.get("HF_ENDPOINT") or hh_constants.ENDPOINT).rstrip("/")
     target = Path(dest).expanduser().resolve() if dest else None
     partial = target.with_name(target.name + ".partial") if target else None
     if target is not None and target.exists():
@@ -331,6 +333,7 @@ def pull(spec: str, revision: str | None = None, dest: str | None = None,
             raise
 
     try:
+        get_session()  # the client's set-up (TLS context, ...) before the wait is timed
         say(f"asking {endpoint} for {repo}@{revision or 'main'} (the file list; waits up to "
             f"{meta_t:g} s) ...")
         info = hub_call(f"the file list of {repo}@{revision or 'main'}",
@@ -339,7 +342,7 @@ def pull(spec: str, revision: str | None = None, dest: str | None = None,
         siblings = [s.rfilename for s in info.siblings or []]
         commit = info.sha
         files = choose_files(siblings)
-        storage = Path(hh.constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+        storage = Path(hh_constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
         if partial is not None:
             partial.mkdir(parents=True, exist_ok=True)
             mark = partial / ".diffill-commit"
@@ -379,7 +382,7 @@ def pull(spec: str, revision: str | None = None, dest: str | None = None,
                 say(f"continuing {name} at {_mb(have)} of {size} from {host} ..." if have else
                     f"downloading {name} ({size}) from {host} (waits up to {read_t:g} s for "
                     f"each read) ...")
-                hdrs = hh.utils.build_hf_headers()
+                hdrs = build_hf_headers()
                 if urlsplit(meta.location).netloc != urlsplit(endpoint).netloc:
                     hdrs.pop("authorization", None)
                     hdrs.pop("Authorization", None)

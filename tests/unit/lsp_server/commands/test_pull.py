@@ -79,10 +79,11 @@ def _timed(env: dict[str, str], *argv: str, limit: float = 120):
 
 
 def _waited(err: list[tuple[float, str]], start: str) -> float:
-    """Seconds from the stderr line containing ``start`` (the last one) to the exit."""
+    """Seconds from the stderr line containing ``start`` (the last one) to the last line
+    (the error): the wait itself, without the interpreter's exit (slow on a busy machine)."""
     hits = [left for left, ln in err if start in ln]
     assert hits, [ln for _, ln in err]
-    return hits[-1]
+    return hits[-1] - err[-1][0]
 
 
 def test_pull_then_model_by_name_offline(hub):
@@ -165,14 +166,14 @@ def test_a_hub_that_never_answers_is_given_up_within_the_timeout(hub):
                             limit=40)
     assert code == 1, err
     waited = _waited(err, f"asking {h.url} for {REPO}@main")
-    assert 1.5 < waited < 2 + 2.5, err  # the timeout and a margin (interpreter exit)
+    assert 1.5 < waited < 2 + 2.5, err  # the timeout and a margin (a busy machine's)
     last = err[-1][1]
     assert last.startswith("diffill pull: ") and h.url in last and "did not answer" in last
     assert "2 s" in last and "--timeout" in last and "HF_HUB_ETAG_TIMEOUT" in last, last
     h.stall = {"head"}  # the metadata of each file: the same bound, here from --timeout
     code, out, err = _timed(env, "pull", REPO, "--timeout", "1", limit=40)
     assert code == 1, err
-    assert _waited(err, "fetching config.json") < 1 + 2.5, err
+    assert 0.5 < _waited(err, "fetching config.json") < 1 + 2.5, err
     assert "did not answer" in err[-1][1] and "config.json" in err[-1][1], err
     assert not (tmp / "diffill" / "pulled.json").exists()
 
