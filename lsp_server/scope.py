@@ -33,7 +33,7 @@ import functools
 import textwrap
 from dataclasses import dataclass
 
-from .syntax import SyntaxGuard, _tree
+from .syntax import SyntaxGuard, parse_tree
 
 ALWAYS = frozenset(dir(builtins)) | {
     "__name__", "__file__", "__doc__", "__spec__", "__loader__", "__package__",
@@ -116,9 +116,9 @@ def free_names(code: str) -> set[str] | None:
     """Names ``code`` (statements, any common indentation) reads and does not bind itself,
     builtins left out; None when it does not parse as statements on its own."""
     src = textwrap.dedent(code)
-    tree = _tree(src)
+    tree = parse_tree(src)
     if tree is None:  # a return/yield/await outside a function, or a fragment
-        tree = _tree("def _():\n" + textwrap.indent(src, "    "))
+        tree = parse_tree("def _():\n" + textwrap.indent(src, "    "))
         if tree is None:
             return None
         tree = tree.body[0]  # type: ignore[assignment]
@@ -180,7 +180,7 @@ def _rest_scopes(rest: str, line: int, col: int) -> _Outer | None:
     out of it at (1-based) ``line``: the module's names and those of the functions around the
     cut, and the names of the class body right around it (if any). Remembered: the rest does
     not change while the user types inside one function."""
-    tree = _tree(rest)
+    tree = parse_tree(rest)
     if tree is None:
         return None
     lines = rest.split("\n")
@@ -238,7 +238,7 @@ class NameCheck:
         scopes = _rest_scopes(text[:a] + text[b:], text.count("\n", 0, a) + 1, col)
         if scopes is None:
             return set()
-        whole = _tree(textwrap.dedent(text[a:b]) if col else text[a:b])
+        whole = parse_tree(textwrap.dedent(text[a:b]) if col else text[a:b])
         if whole is None:
             return set()
         # names the buffer reads and binds nowhere: globals it expects from elsewhere (an
@@ -247,7 +247,7 @@ class NameCheck:
             whole.body, into_scopes=True)
         off = g.offset - a
         edited = text[a:g.offset] + insert + text[g.offset:b]
-        tree = _tree(textwrap.dedent(edited) if col else edited)
+        tree = parse_tree(textwrap.dedent(edited) if col else edited)
         if tree is None:
             return set()  # the syntax guard judges this one
         lead = len(insert) - len(insert.lstrip())

@@ -60,10 +60,10 @@ def is_python(language: str | None, path: str | None = None) -> bool:
 
 def parses(source: str) -> bool:
     """True when ``source`` is syntactically valid Python (the running interpreter's grammar)."""
-    return _tree(source) is not None
+    return parse_tree(source) is not None
 
 
-def _tree(source: str) -> ast.Module | None:
+def parse_tree(source: str) -> ast.Module | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. SyntaxWarning for invalid escapes
@@ -78,7 +78,7 @@ def _rest_cut_ok(rest: str, line: int) -> bool:
     ``line``: that line does not start inside one expression or simple statement (a string or
     a bracket running over several lines). Only the nodes spanning ``line`` are visited.
     Remembered: the rest and the cut repeat across keystrokes."""
-    tree = _tree(rest)
+    tree = parse_tree(rest)
     if tree is None:
         return False
     stack: list[ast.AST] = list(tree.body)
@@ -103,7 +103,7 @@ def parses_as_block(source: str, indent: int) -> bool:
     statements all sit deeper (its header edited away) is another block: neither accepted."""
     if indent == 0:
         return parses(source)
-    tree = _tree("class _:\n" + source)  # a class takes no else/elif/except/finally
+    tree = parse_tree("class _:\n" + source)  # a class takes no else/elif/except/finally
     return (tree is not None and len(tree.body) == 1
             and all(st.col_offset == indent for st in tree.body[0].body))
 

@@ -298,8 +298,8 @@ def pull(spec: str, revision: str | None = None, dest: str | None = None,
     (:class:`HubTimeout` when the hub did not answer in time). ``say`` gets the progress
     lines (what is being waited for); default: stderr."""
     import huggingface_hub as hh  # optional dependency (diffill[hub]): only this command
-    from huggingface_hub import constants as hh_constants
-    from huggingface_hub.utils import build_hf_headers, get_session
+    from huggingface_hub import constants as hh_constants  # as above
+    from huggingface_hub.utils import build_hf_headers, get_session  # as above
 
     from ...model.loader import check_checkpoint  # torch, for the check: not for --list
     from ...model.pulled import published, record_pull  # as above
