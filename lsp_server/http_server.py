@@ -125,8 +125,9 @@ NO_HEALING_HEADER = "X-Diffill-Token-Healing"
 """``X-Diffill-Token-Healing: 0`` turns server-side token healing off for a request
 (sent by diffill's own ``openai`` backend, whose language server heals already)."""
 LOAD_TASK = web.AppKey("diffill_load", asyncio.Task)
-HEALTH_PATHS = frozenset({"/health", "/healthz"})
-ENDPOINTS = "POST /v1/completions, GET /v1/models, GET /v1/models/{model}, GET /health"
+HEALTH_PATHS = frozenset({"/health", "/healthz", "/v1/health"})
+ENDPOINTS = ("POST /v1/completions, GET /v1/models, GET /v1/models/{model}, GET /health, "
+             "POST /infill, GET /props")
 _RID = re.compile(r"^[\x21-\x7e]{1,128}$")
 _QUERY_KEY = re.compile(r"^[A-Za-z0-9_.\-\[\]]{1,40}$")
 
@@ -256,14 +257,32 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """``text`` up to the earliest stop sequence (excluded); (text, whether one was found)."""
-    best = -1
+def earliest_stop(text: str, stops: list[str]) -> tuple[str, str]:
+    """``text`` up to the earliest stop sequence (excluded) and that sequence ("": none)."""
+    best, word = -1, ""
     for s in stops:
         i = text.find(s)
         if i >= 0 and (best < 0 or i < best):
-            best = i
-    return (text, False) if best < 0 else (text[:best], True)
+            best, word = i, s
+    return (text, "") if best < 0 else (text[:best], word)
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """``text`` up to the earliest stop sequence (excluded); (text, whether one was found)."""
+    cut, word = earliest_stop(text, stops)
+    return cut, bool(word)
+
+
+def cut_at_indent(text: str, n_indent: int) -> tuple[str, bool]:
+    """``text`` up to (excluded) its first line after the first that holds something and
+    is indented by fewer than ``n_indent`` spaces or tabs (llama-server's ``n_indent``);
+    (text, whether it was cut)."""
+    lines = text.split("\n")
+    for i in range(1, len(lines)):
+        line = lines[i]
+        if line.strip() and len(line) - len(line.lstrip(" \t")) < n_indent:
+            return "\n".join(lines[:i]) + "\n", True
+    return text, False
 
 
 def _printable(text: str) -> str:
@@ -371,6 +390,8 @@ class Choice:
     text: str
     finish_reason: str
     tokens: int
+    stop_word: str = ""
+    """The stop sequence that cut the text ("" when none did)."""
 
 
 @dataclass
@@ -389,6 +410,9 @@ class Fill:
     stops: list[str] = field(default_factory=list)
     snippets: tuple[Snippet, ...] = ()
     """Cross-file extra context (llama-server's ``input_extra``), written as the header."""
+    n_indent: int = 0
+    """Cut the middle before its first later line indented less than this (llama-server's
+    ``n_indent``; 0: no cut)."""
     latency_budget_ms: float | None = None
     """The request's own latency budget (llama-server's ``t_max_predict_ms``)."""
     encode_batch: Callable[[list[str]], list[list[int]]] | None = None
@@ -576,14 +600,21 @@ class HttpFront:
             picked = [("", "")]
         texts = []
         reasons = []
+        words = []
         for text, raw in picked:
-            cut, stopped = cut_at_stop(text, fill.stops)
+            if fill.n_indent > 0:
+                text, dedented = cut_at_indent(text, fill.n_indent)
+            else:
+                dedented = False
+            cut, word = earliest_stop(text, fill.stops)
             full = raw_tokens.get(raw, 0) >= max_tokens
             texts.append(cut)
-            reasons.append("length" if full and not stopped else "stop")
+            words.append(word)
+            reasons.append("length" if full and not word and not dedented else "stop")
         counts = backend.encode_batch(texts)
         steps = max((c.steps for c in cands), default=0)
-        choices = [Choice(t, r, len(c)) for t, r, c in zip(texts, reasons, counts, strict=True)]
+        choices = [Choice(t, r, len(c), w)
+                   for t, r, c, w in zip(texts, reasons, counts, words, strict=True)]
         return FillResult(choices, res.context, steps, timed.model_ms,
                           max(0.0, total_ms - timed.model_ms))
 
@@ -933,14 +964,19 @@ class HttpFront:
             if value != "100-continue":
                 raise RequestError(417, "only 'Expect: 100-continue' is understood",
                                    code="expectation_failed")
-            if request.path == "/v1/completions":
+            if request.method == "POST":
+                limit = self.config.max_body_bytes
+                if request.content_length is not None and request.content_length > limit:
+                    raise RequestError(413, f"request body of {request.content_length} bytes "
+                                       f"exceeds the limit of {limit} bytes",
+                                       code="request_too_large")
                 self.check_auth(request)
                 self.check_ready()
                 self.check_queue()
         except RequestError as e:
             if e.status != 429:
                 self.count(f"http_{e.status}")
-            resp = error_response(e, request_id(request))
+            resp = self.error_for(request, e)
             resp.force_close()
             return resp
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -963,7 +999,17 @@ class HttpFront:
             err = RequestError(e.status, e.reason, code=None, headers=headers,
                                kind="server_error" if e.status >= 500 else "invalid_request_error")
         self.count(f"http_{e.status}")
-        return error_response(err, request_id(request))
+        return self.error_for(request, err)
+
+    def error_for(self, request: web.BaseRequest, err: RequestError) -> Reply:
+        """An error in the shape of the route asked for: llama-server's on ``/infill`` and
+        ``/props``, OpenAI's everywhere else."""
+        rid = request_id(request)
+        if request.path in ("/infill", "/props"):
+            from .llama_infill import llama_error  # imports this module
+
+            return llama_error(err, rid)
+        return error_response(err, rid)
 
     def make_app(self) -> web.Application:
         front = self
@@ -997,6 +1043,11 @@ class HttpFront:
         app.router.add_get("/v1/models/{model:.+}", self.model, expect_handler=ex)
         app.router.add_get("/health", self.health, expect_handler=ex)
         app.router.add_get("/healthz", self.health, expect_handler=ex)
+        app.router.add_get("/v1/health", self.health, expect_handler=ex)
+        from .llama_infill import LlamaInfill  # imports this module
+
+        self.llama = LlamaInfill(self)
+        self.llama.add_routes(app, ex)
 
         async def on_startup(app: web.Application) -> None:
             app[LOAD_TASK] = asyncio.ensure_future(self.load())
