@@ -421,6 +421,7 @@ class DiffillServer(LanguageServer):
             if not await self.wait_for_load(f"{kind} {prep.uri}"):
                 self.stats.count("superseded")
                 return None
+            t0 = time.perf_counter()  # latencies count the completion, not the wait for the load
         completer = self.completer
         if completer is None or not self.options.enabled:
             self.stats.count("not_ready" if completer is None else "disabled")
