@@ -93,6 +93,7 @@ import math
 import os
 import re
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -129,7 +130,6 @@ HEALTH_PATHS = frozenset({"/health", "/healthz", "/v1/health"})
 ENDPOINTS = ("POST /v1/completions, GET /v1/models, GET /v1/models/{model}, GET /health, "
              "POST /infill, GET /props")
 _RID = re.compile(r"^[\x21-\x7e]{1,128}$")
-_QUERY_KEY = re.compile(r"^[A-Za-z0-9_.\-\[\]]{1,40}$")
 
 
 # ----------------------------------------------------------------------------- wire types
@@ -289,19 +289,42 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else f"\\x{ord(c) & 0xFF:02x}" for c in text)
 
 
-def log_target(raw_path: str) -> str:
-    """The request target for the access log: control characters escaped, every query
-    value replaced by ``<redacted>`` (the API takes no query parameters, so a value
-    there is most likely a token sent as ``?api_key=``), odd-looking keys too."""
+_PATH_WORDS = frozenset({"v1", "models", "completions", "fim", "health", "healthz", "infill",
+                         "props"})
+"""Path segments the access log shows as sent (the routes' own words); any other segment
+is ``<redacted>``: a token pasted into a URL is most often a segment or a query item."""
+_QUERY_WORDS = frozenset({"api_key", "apikey", "api-key", "key", "token", "access_token",
+                          "auth", "authorization", "bearer", "password", "secret", "model"})
+"""Query keys the access log names (the usual names of a token sent in the URL, so an
+operator sees what was tried); every other key, and every value, is ``<redacted>``."""
+
+
+def log_target(raw_path: str, served: frozenset[str] | set[str] = frozenset()) -> str:
+    """The request target for the access log, with nothing a client could have put a
+    token in: path segments other than the routes' own words (and a served model's name
+    after ``/v1/models/``) are ``<redacted>``, every query value is ``<redacted>``, and so
+    is every query key but the usual names of a credential (the API takes no query
+    parameters, so anything there is most likely a token: ``?T``, ``?T=1``, ``?api_key=T``).
+    Control characters are escaped."""
     path, sep, query = raw_path.partition("?")
+    segments = path.split("/")
+    shown = []
+    for i, seg in enumerate(segments):
+        if not seg or seg in _PATH_WORDS:
+            shown.append(seg)
+        elif segments[:i] == ["", "v1", "models"] and seg in served:
+            shown.append(seg)
+        else:
+            shown.append("<redacted>")
+    out = _printable("/".join(shown))
     if not sep:
-        return _printable(path)
+        return out
     parts = []
     for item in query.split("&"):
         key, eq, _ = item.partition("=")
-        shown = key if _QUERY_KEY.match(key) else "<redacted>"
-        parts.append(f"{shown}=<redacted>" if eq else shown)
-    return _printable(path) + "?" + "&".join(parts)
+        name = key if not key or key.lower() in _QUERY_WORDS else "<redacted>"
+        parts.append(f"{name}=<redacted>" if eq else name)
+    return out + "?" + "&".join(parts)
 
 
 def request_id(request: web.BaseRequest) -> str:
@@ -316,6 +339,9 @@ class AccessLog(AbstractAccessLogger):
     Health checks at DEBUG (also their 503 while loading), other 5xx at ERROR, the rest
     at INFO."""
 
+    served: frozenset[str] = frozenset()
+    """Model names the log may show in ``/v1/models/<name>`` (set per listener)."""
+
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         status = response.status
         if request.path in HEALTH_PATHS:  # load-balancer probes, 503 while loading
@@ -329,7 +355,7 @@ class AccessLog(AbstractAccessLogger):
         note = getattr(response, "note", "")
         v = request.version
         self.logger.log(level, '%s "%s %s HTTP/%d.%d" %d %d %.1f ms rid=%s%s',
-                        request.remote, request.method, log_target(request.raw_path),
+                        request.remote, request.method, log_target(request.raw_path, self.served),
                         v.major, v.minor, status, response.body_length, time * 1000.0,
                         response.headers.get("X-Request-Id", "-"), f" {note}" if note else "")
 
@@ -549,6 +575,37 @@ class HttpFront:
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
+    def make_room(self) -> None:
+        """At the connection cap, before a new connection is refused: connections whose
+        peer has already gone are dropped (the count then is the real one), then one
+        connection that is waiting rather than working is closed for the newcomer -- a
+        never-authenticated one first, the longest waiting first; with a token configured,
+        a stranger's kept-alive connections never lock out the team, and without one a
+        client that holds connections open idle only ever holds the oldest slots. Busy
+        connections (a request being read or run) are never closed; only when all are
+        busy is the newcomer refused (503)."""
+        for conn in [c for c in self.connections if c.evictable() and c.peer_gone()]:
+            self.connections.discard(conn)
+            self.count("closed_peer_gone")
+            conn.force_close()
+        if len(self.connections) < self.config.max_connections:
+            return
+        waiting = [c for c in self.connections if c.evictable()]
+        if not waiting:
+            return
+        victim = min(waiting, key=lambda c: (c.authed, c.since))
+        self.connections.discard(victim)
+        self.count("evicted_connections")
+        log.info("connection cap: closed a %s %s connection for a new one",
+                 "authenticated" if victim.authed else "unauthenticated", victim.phase)
+        if victim.phase == "header":
+            victim._refuse(RequestError(503, "connection closed to make room for another: "
+                                        "send the request right after connecting",
+                                        kind="server_error", code="too_many_connections",
+                                        headers={"Retry-After": "1"}))
+        else:
+            victim.force_close()
+
     def retry_after_s(self) -> int:
         """Seconds a rejected client should wait: queue length x mean latency."""
         lat = list(self.latencies)
@@ -630,6 +687,9 @@ class HttpFront:
         if not (hmac.compare_digest(presented, self._token_digest) and scheme.lower() == "bearer"):
             raise RequestError(401, "missing or invalid bearer token (Authorization: Bearer <token>)",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        conn = request.protocol
+        if isinstance(conn, _Connection):
+            conn.authed = True
 
     def check_ready(self) -> None:
         if self.backend is None:
@@ -655,8 +715,10 @@ class HttpFront:
         names = self.config.model_names
         if name is None or not names or name in names:
             return name or (names[0] if names else "diffill")
-        raise RequestError(404, f"model {name!r} is not served here (served: {', '.join(names)})",
-                           param="model", code="model_not_found")
+        # the name asked for is not repeated: the answer's note is logged, and a client
+        # may have put its token in the wrong field
+        raise RequestError(404, f"the model asked for is not served here (served: "
+                           f"{', '.join(names)})", param="model", code="model_not_found")
 
     def check_limits(self, req: CompletionRequest) -> None:
         """The server's caps on what a request may cost (400 naming the field)."""
@@ -687,7 +749,8 @@ class HttpFront:
         extra = sum(len(s.text) + len(s.path) + 16 for s in fill.snippets)
         return price(self.backend, ctx_tokens=min(budget, len(fill.prompt) + len(fill.suffix)
                                                   + extra),
-                     max_tokens=fill.max_tokens, n=fill.n, steps=fill.steps,
+                     max_tokens=fill.max_tokens, n=fill.n,
+                     steps=fill.steps if fill.steps is not None else self.options.steps,
                      budget_ms=fill.latency_budget_ms or self.options.latency_budget_ms)
 
     def check_cost(self, fills: Sequence[Fill]) -> None:
@@ -895,7 +958,7 @@ class HttpFront:
             return error_response(e, request_id(request))
         data = [self._model_object(name) for name in (self.config.model_names or ["diffill"])]
         return Reply(body=msgspec.json.encode({"object": "list", "data": data}),
-                     content_type="application/json")
+                     content_type="application/json", headers={"X-Request-Id": request_id(request)})
 
     async def model(self, request: web.Request) -> web.StreamResponse:
         """``GET /v1/models/{model}`` (the openai client's ``models.retrieve``)."""
@@ -903,14 +966,14 @@ class HttpFront:
         try:
             self.check_auth(request)
             names = self.config.model_names or ["diffill"]
-            if name not in names:
-                raise RequestError(404, f"model {name!r} is not served here (served: "
+            if name not in names:  # not repeated (see check_model)
+                raise RequestError(404, f"the model asked for is not served here (served: "
                                    f"{', '.join(names)})", param="model", code="model_not_found")
         except RequestError as e:
             self.count(f"http_{e.status}")
             return error_response(e, request_id(request))
         return Reply(body=msgspec.json.encode(self._model_object(name)),
-                     content_type="application/json")
+                     content_type="application/json", headers={"X-Request-Id": request_id(request)})
 
     def _model_object(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": int(self.started), "owned_by": "diffill"}
@@ -951,7 +1014,8 @@ class HttpFront:
             "engine_max_batch_requests": desc.get("engine_max_batch_requests"),
             **self.counters,
         }
-        return Reply(body=msgspec.json.encode(body), status=code, content_type="application/json")
+        return Reply(body=msgspec.json.encode(body), status=code, content_type="application/json",
+                     headers={"X-Request-Id": request_id(request)})
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue``: the client waits for a go before sending its body;
@@ -1082,6 +1146,45 @@ class _Connection(web.RequestHandler):
         self._timer: asyncio.TimerHandle | None = None
         self._body_done = True
         self._pipelined = False
+        self.since = 0.0
+        """When the current phase began (loop time)."""
+        self.authed = False
+        """A request on this connection presented the right token (a token is configured)."""
+        self.got_bytes = False
+
+    # -- the connection cap --------------------------------------------------------------------
+    def evictable(self) -> bool:
+        """Idle between requests, or not one byte of a request yet: closing it loses no
+        work (a client reopens a closed kept-alive connection)."""
+        return self.phase == "idle" or (self.phase == "header" and not self.got_bytes)
+
+    def peer_gone(self) -> bool:
+        """The peer closed (or reset) a connection whose end the loop has not read yet: a
+        burst of connect-then-close leaves many such in the accept queue, counted as open
+        until their EOF is read. A non-blocking peek on a duplicate of the socket."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return True
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            fd = os.dup(sock.fileno())
+        except OSError:
+            return False
+        try:
+            dup = socket.socket(fileno=fd)  # closing the duplicate leaves the connection be
+        except OSError:
+            os.close(fd)
+            return False
+        try:
+            return dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:  # reset by the peer
+            return True
+        finally:
+            dup.close()
 
     # -- phases ------------------------------------------------------------------------------
     def _arm(self, phase: str, seconds: float | None) -> None:
@@ -1089,6 +1192,7 @@ class _Connection(web.RequestHandler):
             self._timer.cancel()
             self._timer = None
         self.phase = phase
+        self.since = self._loop.time()
         if seconds is not None:
             self._timer = self._loop.call_later(seconds, self._expire)
 
@@ -1129,6 +1233,8 @@ class _Connection(web.RequestHandler):
         super().connection_made(transport)
         f = self.front
         if len(f.connections) >= f.config.max_connections:
+            f.make_room()
+        if len(f.connections) >= f.config.max_connections:
             f.count("rejected_connections")
             log.info("connection refused: %d open (max_connections)", len(f.connections))
             self._refuse(RequestError(503, f"too many open connections (limit "
@@ -1141,6 +1247,7 @@ class _Connection(web.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if data:
+            self.got_bytes = True
             if self.phase == "idle":
                 self._arm("header", self.front.config.header_timeout_s)
             elif self.phase == "busy" and self._body_done:
@@ -1209,8 +1316,9 @@ class Listener:
 
     def handler_kwargs(self) -> dict[str, Any]:
         c = self.front.config
+        served = frozenset(c.model_names)
         return {
-            "access_log_class": AccessLog,
+            "access_log_class": type("AccessLogOfThisServer", (AccessLog,), {"served": served}),
             "access_log": access_log,
             # aiohttp's own keep-alive timer only backs up ours (_Connection)
             "keepalive_timeout": c.idle_timeout_s + c.header_timeout_s + 1.0,
@@ -1242,18 +1350,27 @@ class Listener:
                 await asyncio.wait_for(self.server.wait_closed(), 5)
 
 
+class ListenError(Exception):
+    """The address cannot be bound (in use, not this machine's, no permission)."""
+
+
 async def serve(front: HttpFront, host: str, port: int,
                 ready: Callable[[str], None] | None = None) -> None:
-    """Listen on ``host:port`` until SIGINT/SIGTERM; ``ready(url)`` once bound (port 0
+    """Listen on ``host:port`` until SIGINT/SIGTERM/SIGHUP (each drains: no new
+    connection, the requests in flight answered, then exit); ``ready(url)`` once bound (port 0
     picks a free port; the URL names the real one). Logs "listening on URL"."""
     listener = Listener(front)
-    url = await listener.start(host, port)
+    try:
+        url = await listener.start(host, port)
+    except OSError as e:
+        await listener.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     log.info("listening on %s", url)
     if ready is not None:
         ready(url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
     try:
@@ -1266,6 +1383,7 @@ __all__ = [
     "CompletionRequest",
     "HttpConfig",
     "HttpFront",
+    "ListenError",
     "Listener",
     "RequestError",
     "cut_at_stop",

@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="serve the model as an OpenAI-compatible /v1/completions API",
         description=(
             "Serve the model over HTTP: POST /v1/completions (prompt + suffix = fill in the "
-            "middle), GET /v1/models, GET /health. Point editors at it with backend=\"openai\"."
+            "middle), GET /v1/models, GET /health, and llama-server's POST /infill + GET /props "
+            "(llama.vim, llama.vscode). Point diffill's editors at it with backend=\"openai\"."
         ),
     )
     p.add_argument("--model", default=None, metavar="DIR",
@@ -77,6 +78,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-request-tokens", type=int, default=256, metavar="N",
                    help="largest 'max_tokens'; more is a 400 (default 256, lowered to what the "
                         "model's positions hold)")
+    p.add_argument("--max-request-ms", type=float, default=None, metavar="MS",
+                   help="largest predicted model time of one request, priced from the step "
+                        "plan before it runs; more is a 400 (default: 5000 on a CPU, 1000 on "
+                        "a GPU; see docs/team-serving.md)")
     p.add_argument("--steps", type=int, default=None,
                    help="refinement steps per request (default: from --latency-budget-ms)")
     p.add_argument("--latency-budget-ms", type=float, default=None,
@@ -148,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     threads_to_env(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
-    from ..http_server import HttpConfig, HttpFront, serve  # needs aiohttp, checked above
+    from ..http_server import HttpConfig, HttpFront, ListenError, serve  # needs aiohttp (above)
 
     raw: dict[str, object] = {"modelPath": args.model, "device": args.device}
     if args.recipe is not None:
@@ -174,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             max_connections=args.max_connections,
             max_request_steps=args.max_request_steps,
             max_request_tokens=args.max_request_tokens,
+            max_request_ms=args.max_request_ms,
             model_names=model_names(args),
             debug_log_buffers=args.debug_log_buffers,
         )
@@ -205,5 +211,9 @@ def run(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         print(f"diffill serve-http: listening on {url}", file=sys.stderr, flush=True)
 
-    asyncio.run(serve(front, args.host, args.port, ready))
+    try:
+        asyncio.run(serve(front, args.host, args.port, ready))
+    except ListenError as e:  # one line, as every other start-up error
+        print(f"diffill serve-http: {e}", file=sys.stderr)
+        return 2
     return 0

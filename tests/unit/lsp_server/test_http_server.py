@@ -533,8 +533,15 @@ async def test_no_body_is_read_before_the_token_and_a_queue_slot(serve, backend)
 
 
 async def test_connection_cap(serve, backend):
+    """With every connection busy (here: each uploading a body that has not all arrived),
+    a new one gets 503 and is closed. (Connections that only wait are closed to make room
+    instead: tests/unit/lsp_server/test_http_probe.py.)"""
     client, _ = await serve(backend, max_connections=3)
-    held = [await asyncio.open_connection(*_addr(client)) for _ in range(3)]
+    held = []
+    for _ in range(3):
+        r, w = await asyncio.open_connection(*_addr(client))
+        w.write(completion_head(1000, auth=False) + b'{"prompt": "')
+        held.append((r, w))
     await asyncio.sleep(0.1)
     out, took = await raw_exchange(client, b"")
     status, _, err = parse_http(out)
@@ -692,9 +699,13 @@ async def test_upload_cut_off_midway_is_one_log_line(serve, backend, caplog):
 def test_log_target_redacts_query_values():
     assert log_target("/v1/models?api_key=sk-1&token=abc") == \
         "/v1/models?api_key=<redacted>&token=<redacted>"
-    assert log_target("/v1/models?sk-looks-like-a-key") == "/v1/models?sk-looks-like-a-key"
+    # a bare key or any other key may be the token itself (issue 28.3): redacted too
+    assert log_target("/v1/models?sk-looks-like-a-key") == "/v1/models?<redacted>"
     assert log_target("/v1/models?a%20b%3D=1") == "/v1/models?<redacted>=<redacted>"
     assert log_target("/health") == "/health"
+    assert log_target("/v1/models/sk-1", {"micro"}) == "/v1/models/<redacted>"
+    assert log_target("/v1/models/micro", {"micro"}) == "/v1/models/micro"
+    assert log_target("/sk-1/v1") == "/<redacted>/v1"
 
 
 async def test_the_token_never_reaches_the_log(serve, backend, caplog):
