@@ -236,3 +236,48 @@ def test_log_file_never_holds_the_token_and_errors_are_one_line(model_dir: Path,
     access = [ln for ln in text.splitlines() if "diffill.http.access" in ln]
     assert len(access) == len(sent), access  # one line per request
     assert sum("<redacted>" in ln for ln in access) == 2
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(model_dir: Path, tmp_path: Path):
+    """Like every other start-up error (issue 28.3: it was a 27-line traceback, exit 1)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "diffill.cli", "serve-http", "--model",
+                            str(model_dir), "--port", str(port)], capture_output=True, text=True,
+                           timeout=120, env=server_env())
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and "cannot listen on 127.0.0.1:" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_sighup_drains_like_sigterm(model_dir: Path, tmp_path: Path):
+    """SIGHUP (a closed terminal, a supervisor's reload) used to kill at once: now the
+    request in flight is answered, then the process exits 0."""
+    import signal
+    import threading
+
+    proc, base = start_http(model_dir, tmp_path, env={"DIFFILL_DEBUG_STEP_DELAY_MS": "400"})
+    got: dict = {}
+
+    def ask() -> None:
+        req = urllib.request.Request(base + "/v1/completions", data=json.dumps(
+            {"prompt": "def add_numbers(a, b):\n    total = a + b\n    return ", "max_tokens": 8,
+             "steps": 4, "raw": True}).encode(), headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                got["status"], got["body"] = r.status, json.load(r)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            got["error"] = repr(e)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(0.6)  # the request is in its steps (4 x 0.4 s)
+    proc.send_signal(signal.SIGHUP)
+    t.join(30)
+    rc = proc.wait(30)
+    assert got.get("status") == 200, got
+    assert got["body"]["choices"][0]["text"] == "total"
+    assert rc == 0, (tmp_path / f"http-{base.rsplit(':', 1)[1]}.err").read_text()
