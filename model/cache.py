@@ -30,7 +30,7 @@ gathers the hole's source positions only).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,7 +46,7 @@ from .sampler import (
     StepSpec,
     decode,
 )
-from .transformer import KVContext
+from .transformer import KVContext, Transformer, apply_rotary, rotary_cos_sin
 
 
 def active_block(canvas: Canvas, shift: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,14 +172,160 @@ def infill_cached(
     *,
     refresh_every: int = 4,
     dedup: bool = True,
+    shared: bool = False,
+    drafts: Sequence[Sequence[int]] = (),
 ) -> list[Infill]:
     """:func:`diffill.model.sampler.infill` with the dual KV cache (same loop, rules and
-    results format; with ``refresh_every=1`` the same tokens)."""
+    results format; with ``refresh_every=1`` the same tokens). ``shared``: one context per
+    request (:class:`SharedContext`) instead of one per row."""
     if refresh_every < 1:
         raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
-    (res,) = decode(model, cfg, [InfillRequest(prefix_ids, suffix_ids, sc, cancel)], dedup=dedup,
-                    stepper=lambda cv, spec: cached_steps(model, cv, spec,
-                                                          refresh_every=refresh_every))
+    make = shared_steps if shared else cached_steps
+    req = InfillRequest(prefix_ids, suffix_ids, sc, cancel, tuple(tuple(d) for d in drafts))
+    (res,) = decode(model, cfg, [req], dedup=dedup,
+                    stepper=lambda cv, spec: make(model, cv, spec, refresh_every=refresh_every))
     if isinstance(res, InfillCancelled):
         raise res
     return res
+
+
+# --------------------------------------------------------------------------- shared context
+
+
+def context_groups(canvas: Canvas) -> torch.Tensor:
+    """Per row, the row whose context keys/values it may share: [L] long.
+
+    Rows share a context when their tokens outside the hole are the same -- same start,
+    prefix, suffix and end, the hole starting at the same position (the candidate rows and
+    the draft rows of one request). Within a group the representative is the row with the
+    longest hole (the first one when several tie: the longest candidate, ahead of the drafts
+    of that length). A row without a valid slot (a filler row) is its own group."""
+    ids = canvas.ids.tolist()
+    L, T = canvas.ids.shape
+    lens = [T] * L if canvas.attn is None else canvas.attn.sum(1).tolist()
+    n = canvas.valid.sum(1).tolist()
+    start = canvas.hole_pos[:, 0].tolist()
+    keys: list[tuple | None] = []
+    best: dict[tuple, int] = {}
+    for r in range(L):
+        if n[r] == 0:
+            keys.append(None)
+            continue
+        s, e = start[r], start[r] + n[r]
+        key = (s, tuple(ids[r][:s]), tuple(ids[r][e:lens[r]]))
+        keys.append(key)
+        if key not in best or n[r] > n[best[key]]:
+            best[key] = r
+    keyed = [r if k is None else best[k] for r, k in enumerate(keys)]
+    return torch.tensor(keyed, dtype=torch.long, device=canvas.ids.device)
+
+
+def shift_keys(k: torch.Tensor, delta: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """Rotary keys moved by ``delta`` positions: k [L, Hkv, S, Dh] (rotary applied at
+    position p), delta [L, S] long -> the keys as if computed at p + delta (RoPE:
+    R(p + d) k = R(d) R(p) k, exact for the rotation)."""
+    cos, sin = rotary_cos_sin(delta, head_dim, theta, k.dtype)
+    return apply_rotary(k, cos, sin)
+
+
+class SharedContext(DualCache):
+    """The dual cache with one context per request instead of one per row.
+
+    The candidate rows and draft rows of a request (:func:`context_groups`) hold the same
+    prefix and suffix; only the hole differs (its length and its tokens). On a refresh
+    call only each group's representative row -- its longest hole -- runs the full canvas
+    (``[R, T]``, R = requests); its context keys/values are handed to every row of the
+    group, the keys re-rotated by the row's own offset (a row with a hole ``d`` slots
+    shorter has its suffix ``d`` positions to the left: ``K(p - d) = R(-d) K(p)``), and
+    the other rows run only their hole block against them. Cached calls are the dual
+    cache's (every row's block against its context).
+
+    Exact where a row's canvas equals its representative's (the draft rows at the
+    verification step: all masked, the longest length); an approximation elsewhere, since
+    the context's own states were computed next to the representative's hole, not the
+    row's (measured: BENCHMARKS.md, *One context per request*). ``refresh_every=1`` still
+    refreshes the context (one row per request) on every call.
+    """
+
+    def __init__(self, model: Any, canvas: Canvas, *, shift: bool, refresh_every: int,
+                 groups: torch.Tensor | None = None) -> None:
+        super().__init__(model, canvas, shift=shift, refresh_every=refresh_every)
+        self.rep = context_groups(canvas) if groups is None else groups
+        cfg = model.config
+        self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
+        self.n_valid = canvas.valid.sum(1)
+        self.shared_rows = 0  # rows that took a shared context on the last refresh
+
+    def forward_hidden(self, ids: torch.Tensor, attn: torch.Tensor | None = None,
+                       **_: Any) -> tuple[torch.Tensor, None]:
+        refresh = self.kv is None or self.calls % self.refresh_every == 0
+        if self.force_refresh is not None:
+            refresh = self.force_refresh
+        if not refresh:
+            return super().forward_hidden(ids, attn)
+        self.calls += 1
+        self.refreshes += 1
+        L = ids.shape[0]
+        reps = torch.unique(self.rep)  # sorted
+        hr, kv = self.model.forward_hidden(ids[reps], None if attn is None else attn[reps],
+                                           return_kv=True)
+        # each row's context: its representative's, keys moved to the row's own positions
+        where = torch.empty(L, dtype=torch.long, device=ids.device)
+        where[reps] = torch.arange(reps.numel(), device=ids.device)
+        src = where[self.rep]  # [L] index into the representatives' forward
+        rep_ctx = self.ctx_pos[self.rep]  # [L, S] the representative's context positions
+        delta = self.ctx_pos - rep_ctx
+        k0 = kv[0][0]
+        idx = rep_ctx[:, None, :, None].expand(-1, k0.shape[1], -1, k0.shape[3])
+        moved = bool((delta != 0).any())
+        self.kv = []
+        for k, v in kv:
+            kc, vc = k[src].gather(2, idx), v[src].gather(2, idx)
+            if moved:
+                kc = shift_keys(kc, delta, self.head_dim, self.theta)
+            self.kv.append((kc, vc))
+        others = (self.rep != torch.arange(L, device=ids.device)).nonzero().flatten()
+        self.shared_rows = int(others.numel())
+        hidden = hr.new_zeros(L, ids.shape[1], hr.shape[-1])
+        hidden[reps] = hr
+        if others.numel():
+            bp = self.block_pos[others]
+            ctx = KVContext([(k[others], v[others]) for k, v in self.kv],
+                            None if self.ctx_mask is None else self.ctx_mask[others])
+            hb, _ = self.model.forward_hidden(
+                ids[others].gather(1, bp), None if self.block_attn is None else self.block_attn[others],
+                position_ids=bp, ctx=ctx)
+            sub = hidden[others]
+            sub.scatter_(1, bp[..., None].expand(-1, -1, hb.shape[-1]), hb)
+            hidden[others] = sub
+        return hidden, None
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these rows; a group whose representative went takes its longest
+        remaining row as the next one (its context is that of the last refresh until then)."""
+        old = self.rep[rows].tolist()
+        n = self.n_valid[rows].tolist()
+        super().select_rows(rows)
+        self.n_valid = self.n_valid[rows]
+        new: dict[int, int] = {}
+        for i, g in enumerate(old):
+            if g not in new or n[i] > n[new[g]]:
+                new[g] = i
+        kept = {int(r): i for i, r in enumerate(rows.tolist())}
+        self.rep = torch.tensor([kept[g] if g in kept else new[g] for g in old],
+                                dtype=torch.long, device=self.block_pos.device)
+
+
+def shared_steps(model: Any, canvas: Canvas, spec: StepSpec, *, refresh_every: int,
+                 groups: torch.Tensor | None = None) -> EagerSteps:
+    """The decode loop's stepper with one context per request (:class:`SharedContext`;
+    ``groups``: :func:`context_groups` of ``canvas`` when already known)."""
+    cache = SharedContext(model, canvas, shift=spec.shift, refresh_every=refresh_every,
+                          groups=groups)
+    return EagerSteps(cache, spec, on_drop=cache.select_rows)
+
+
+def supports_shared_context(model: Any) -> bool:
+    """Whether ``model`` takes a :class:`KVContext` and position ids (the Transformer does;
+    a stand-in model in a test may not)."""
+    return isinstance(model, Transformer) or bool(getattr(model, "supports_kv_context", False))

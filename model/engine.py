@@ -16,6 +16,13 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
 * **Dual KV cache** (``refresh_every`` > 1): prefix/suffix keys and values are
   reused across steps and refreshed every ``refresh_every`` steps
   (:mod:`diffill.model.cache`).
+* **One context per request** (``context``; ``'auto'``: on a CPU). The candidate rows and
+  draft rows of a request share their prefix and suffix: on a refresh only the request's
+  longest row runs its whole canvas and the other rows run their holes against its context
+  keys/values (moved to their own positions; :class:`~diffill.model.cache.SharedContext`).
+  A step then costs about one canvas plus a hole per row instead of a canvas per row. An
+  approximation for the rows whose hole length differs from the longest (measured:
+  BENCHMARKS.md, *One context per request*); ``context='row'`` is the exact path.
 * **Fused select-and-unmask** (``select_impl``): the Triton kernel on CUDA
   (:mod:`diffill.kernels.select_unmask`); ``None`` keeps the sampler's torch step.
 * **Shape buckets** (``buckets``) and **CUDA graphs** (``cuda_graphs``, greedy
@@ -31,8 +38,9 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   request's ``budget_ms``, else the engine's, else the device's default). No plan yet:
   the sampler's steps. The policy is :mod:`diffill.model.plan`'s.
 
-With the defaults (batching on, everything else off) a request's result is
-the same as :func:`diffill.model.sampler.infill` on its own: both run the sampler's one
+With ``context='row'`` and the other defaults (batching on, everything else off) a request's
+result is the same as :func:`diffill.model.sampler.infill` on its own (with the CPU default,
+``context='auto'``, the same where a request has one row, or rows of one length): both run the sampler's one
 decode loop (:func:`diffill.model.sampler.run_steps`); the engine adds the grouping, the
 shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs). A
 checkpoint whose recipe carries DreamOn's ``<|expand|>`` / ``<|delete|>`` tokens is
@@ -66,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .cache import DualCache, cached_steps
+from .cache import DualCache, cached_steps, context_groups, shared_steps, supports_shared_context
 from .dreamon import infill_dreamon, length_control_ids
 from .plan import (
     CTX_BUCKETS,
@@ -148,7 +156,9 @@ def default_sampler(cfg: Any) -> SamplerConfig:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Speed features (see module doc). The defaults are exact and safe everywhere."""
+    """Speed features (see module doc). The defaults are exact and safe everywhere, except
+    ``context='auto'``, which on a CPU shares one context per request (an approximation,
+    module doc)."""
 
     batch: bool = True  # group concurrent requests into one forward per step
     batch_window_ms: float = 0.0  # extra wait for company before a batch starts
@@ -157,6 +167,9 @@ class EngineOptions:
     select_impl: str | None = None  # None: sampler torch step; 'auto' | 'triton' | 'torch': fused
     buckets: bool = False  # pad canvases to shape buckets (implied by cuda_graphs)
     cuda_graphs: bool = False  # capture and replay each bucket's step (CUDA, greedy only)
+    #: prefix/suffix keys and values once per request ('request': cache.SharedContext) or
+    #: once per canvas row ('row', exact); 'auto': per request on a CPU, per row elsewhere
+    context: str = "auto"
 
     def __post_init__(self) -> None:
         if self.refresh_every < 1:
@@ -165,6 +178,9 @@ class EngineOptions:
             raise ValueError(f"EngineOptions.max_batch_rows must be >= 1, got {self.max_batch_rows}")
         if self.batch_window_ms < 0:
             raise ValueError("EngineOptions.batch_window_ms must be >= 0")
+        if self.context not in ("auto", "request", "row"):
+            raise ValueError(f"EngineOptions.context must be 'auto', 'request' or 'row', "
+                             f"got {self.context!r}")
         if self.select_impl not in (None, "auto", "triton", "torch"):
             raise ValueError(f"EngineOptions.select_impl must be None, 'auto', 'triton' or 'torch', "
                              f"got {self.select_impl!r}")
@@ -238,6 +254,15 @@ class Engine:
         return torch.device("cpu")
 
     @property
+    def shared_context(self) -> bool:
+        """Whether a request's rows share one context (EngineOptions.context): 'auto' is
+        per request on a CPU, for a model that takes a KV context, outside CUDA graphs."""
+        c = self.options.context
+        if c == "auto":
+            c = "request" if self.device.type == "cpu" and not self.options.cuda_graphs else "row"
+        return c == "request" and supports_shared_context(self.model)
+
+    @property
     def dtype(self) -> torch.dtype:
         dt = getattr(self.lm, "dtype", None)
         if isinstance(dt, torch.dtype):
@@ -266,6 +291,7 @@ class Engine:
         kw.setdefault("max_steps", self.budget.max_steps)
         kw.setdefault("repeats", 2 if fit else 5)
         kw.setdefault("statistic", min)  # the step's own cost, not the machine's other work
+        kw.setdefault("shared_context", self.shared_context)
         with self._lock:
             self.plan = measure_plan(self.model, self.config, budget_ms=self.budget.budget_ms(budget_ms),
                                      fit=fit, model_name=str(getattr(self.lm, "path", "")), **kw)
@@ -290,7 +316,7 @@ class Engine:
         self.plan = plan_from_one_request(
             ms, ctx, hole, len(req.sampler.lengths), self.budget.budget_ms(),
             refresh_every=self.options.refresh_every, max_steps=self.budget.max_steps,
-            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+            shared_context=self.shared_context, device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
             model=str(getattr(self.lm, "path", "")))
         return ms
 
@@ -560,8 +586,14 @@ class Engine:
                 # no padding anywhere: no attention mask, so SDPA / flash-attn can take their
                 # mask-free kernels (one host check before the loop)
                 cv = cv._replace(attn=None)
-            stepper = (cached_steps(self.model, cv, spec, refresh_every=opts.refresh_every)
-                       if opts.refresh_every > 1 else EagerSteps(self.model, spec))
+            groups = context_groups(cv) if self.shared_context else None
+            if groups is not None and bool((groups != torch.arange(len(groups), device=dev)).any()):
+                stepper = shared_steps(self.model, cv, spec, refresh_every=opts.refresh_every,
+                                       groups=groups)
+            elif opts.refresh_every > 1:
+                stepper = cached_steps(self.model, cv, spec, refresh_every=opts.refresh_every)
+            else:
+                stepper = EagerSteps(self.model, spec)
         out = run_steps(stepper, cv, state, rows, spec, [r.cancel for r in batch],
                         vocab_size=cfg.vocab_size, draft=draft, wanted=[r.wanted for r in batch])
         return collect(out, len(batch), spec.terminators)

@@ -82,7 +82,7 @@ from typing import Any
 import msgspec
 import torch
 
-from .cache import DualCache
+from .cache import DualCache, SharedContext, infill_cached
 from .sampler import (
     DenoiseState,
     SamplerConfig,
@@ -167,6 +167,7 @@ class StepPlan(msgspec.Struct, frozen=True):
     model: str = ""
     measured_at: str = ""
     threshold: float | None = DEFAULT_THRESHOLD  # turned on where steps < hole (module doc)
+    shared_context: bool = False  # timed with one context per request (cache.SharedContext)
 
     def choice(self, ctx_len: int, hole_len: int, rows: int | None = None) -> BucketChoice:
         """The choice for a request's shapes (its buckets; the nearest measured bucket
@@ -241,19 +242,27 @@ def plan_from_timings(timings: Sequence[BucketTiming], budget_ms: float, *,
                     threshold=threshold, **meta)
 
 
+def step_tokens(rows: int, ctx: int, hole: int, shared: bool = False) -> int:
+    """Tokens a full step runs through the model: every row's whole canvas, or with one
+    context per request (``shared``) one whole canvas and the other rows' holes."""
+    return ctx + hole + (rows - 1) * hole if shared else rows * (ctx + hole)
+
+
 def fit_timings(measured: Sequence[BucketTiming], buckets: Sequence[tuple[int, int]],
-                rows: int | None = None) -> list[BucketTiming]:
+                rows: int | None = None, *, shared: bool = False) -> list[BucketTiming]:
     """Every bucket of ``buckets`` (ctx, hole) at ``rows`` canvas rows (None: the most rows
     measured): the measured timing where one was taken at those rows, else predicted by the
     per-step cost model ``a + b * rows * (ctx + hole)`` (least squares through the measured
     points, which may differ in rows as well as in shape; ``b >= 0``; one point: a
     constant), the same for the cached step, and the measured buckets' mean overhead. Every
-    timing prices other row counts with the fitted slope (``row_ms = b * (ctx + hole)``)."""
+    timing prices other row counts with the fitted slope (``row_ms = b * (ctx + hole)``).
+    ``shared`` (one context per request): a full step runs :func:`step_tokens` tokens,
+    ``ctx + rows * hole``, so a row more costs ``b * hole``."""
     if not measured:
         raise ValueError("fit_timings needs at least one measured bucket")
     rows = max(t.rows for t in measured) if rows is None else rows
     by_key = {(t.ctx, t.hole): t for t in measured if t.rows == rows}
-    x = [t.rows * (t.ctx + t.hole) for t in measured]
+    x = [step_tokens(t.rows, t.ctx, t.hole, shared) for t in measured]
     overhead = statistics.fmean(t.overhead_ms for t in measured)
 
     def line(y: list[float]) -> tuple[Callable[[float], float], float]:
@@ -266,11 +275,12 @@ def fit_timings(measured: Sequence[BucketTiming], buckets: Sequence[tuple[int, i
     block, b_block = line([t.block_ms for t in measured])
     out = []
     for c, h in buckets:
-        per_row = {"row_ms": round(b_full * (c + h), 4), "block_row_ms": round(b_block * (c + h), 4)}
+        per_row = {"row_ms": round(b_full * (h if shared else c + h), 4),
+                   "block_row_ms": round(b_block * (h if shared else c + h), 4)}
         if (c, h) in by_key:
             out.append(msgspec.structs.replace(by_key[(c, h)], **per_row))
             continue
-        xi = rows * (c + h)
+        xi = step_tokens(rows, c, h, shared)
         out.append(BucketTiming(c, h, rows, round(full(xi), 4), round(block(xi), 4),
                                 round(overhead, 4), source="fitted", **per_row))
     return out
@@ -281,6 +291,7 @@ def describe_plan(plan: StepPlan) -> str:
     lines = [
         f"step plan: budget {plan.budget_ms:g} ms, {plan.device} {plan.dtype}"
         + (f", model {plan.model}" if plan.model else "")
+        + (", one context per request" if plan.shared_context else "")
         + (f", dual cache refresh every {plan.refresh_every}" if plan.refresh_every > 1 else ", no KV cache")
         + (f", measured {plan.measured_at}" if plan.measured_at else ""),
         f"{'context':>8} {'hole':>5} {'rows':>4} {'full ms':>8} {'cached ms':>9} {'ms/row':>7} "
@@ -337,22 +348,26 @@ def synthetic_request(cfg: Any, ctx: int, seed: int = 0) -> tuple[list[int], lis
 
 @torch.inference_mode()
 def plan_from_one_request(ms: float, ctx_len: int, hole_len: int, rows: int, budget_ms: float,
-                          **kw: Any) -> StepPlan:
+                          shared_context: bool = False, **kw: Any) -> StepPlan:
     """The plan of a one-shot caller (``diffill complete``): one request's one-step time,
     ``ms`` (its overhead included, so the prediction errs long), for its own shape bucket;
     other shapes fall back to it (:meth:`StepPlan.choice`); other row counts (drafts) are
-    priced in proportion to the rows. ``kw``: :func:`plan_from_timings`'s."""
+    priced in proportion to the tokens they add (:func:`step_tokens`: a whole canvas per
+    row, or with ``shared_context`` a hole per row). ``kw``: :func:`plan_from_timings`'s."""
+    per_row = ms * (step_tokens(rows + 1, ctx_len, hole_len, shared_context)
+                    - step_tokens(rows, ctx_len, hole_len, shared_context)) \
+        / step_tokens(rows, ctx_len, hole_len, shared_context)
     t = BucketTiming(bucket(ctx_len, CTX_BUCKETS), bucket(hole_len, HOLE_BUCKETS), rows,
-                     round(ms, 4), round(ms, 4), row_ms=round(ms / rows, 4),
-                     block_row_ms=round(ms / rows, 4))
-    return plan_from_timings([t], budget_ms,
+                     round(ms, 4), round(ms, 4), row_ms=round(per_row, 4),
+                     block_row_ms=round(per_row, 4))
+    return plan_from_timings([t], budget_ms, shared_context=shared_context,
                              measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                              **kw)
 
 
 def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
                    refresh_every: int = 1, repeats: int = 5, warmup: int = 1,
-                   overhead: bool | int = True,
+                   overhead: bool | int = True, shared: bool = False,
                    statistic: Callable[[list[float]], float] = statistics.median) -> BucketTiming:
     """Time one full step, one cached step and (``overhead``) the per-request overhead
     for a bucket: ``statistic`` (median; the engine's warm-up takes the fastest, the
@@ -360,7 +375,8 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
     ``overhead``: that many repeats for the overhead instead).
 
     ``rows`` candidate lengths (``hole``, ``hole // 2``, ...) share the batch, as
-    the engine's default lengths do.
+    the engine's default lengths do. ``shared``: the steps with one context per request
+    (:class:`~diffill.model.cache.SharedContext`), as the engine runs them on a CPU.
     """
 
     dev = next(model.parameters()).device
@@ -376,28 +392,42 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
     def fresh() -> DenoiseState:
         return initial_state(cv)
 
-    full = statistic(time_ms(lambda: denoise_step(model, cv, fresh(), 2, spec), dev,
+    def stepped() -> Any:
+        if shared:
+            return SharedContext(model, cv, shift=cfg.shift_logits, refresh_every=1)
+        return model
+
+    full = statistic(time_ms(lambda: denoise_step(stepped(), cv, fresh(), 2, spec), dev,
                              warmup=warmup, repeats=repeats))
     block = full
     if refresh_every > 1:
-        fwd = DualCache(model, cv, shift=cfg.shift_logits, refresh_every=1 << 30)
+        kind = SharedContext if shared else DualCache
+        fwd = kind(model, cv, shift=cfg.shift_logits, refresh_every=1 << 30)
         denoise_step(fwd, cv, fresh(), 2, spec)  # the refresh
         block = statistic(time_ms(lambda: denoise_step(fwd, cv, fresh(), 2, spec), dev,
                                   warmup=warmup, repeats=repeats))
     extra = 0.0
     if overhead:
         one = statistic(time_ms(  # the full steps above warmed these shapes up already
-            lambda: infill(model, cfg, prefix, suffix, SamplerConfig(steps=1, lengths=tuple(lengths))),
+            lambda: _one_step(model, cfg, prefix, suffix, tuple(lengths), shared),
             dev, warmup=0, repeats=repeats if overhead is True else int(overhead)))
         extra = max(0.0, one - full)
     return BucketTiming(ctx, hole, L, round(full, 4), round(block, 4), round(extra, 4))
+
+
+def _one_step(model: Any, cfg: Any, prefix: list[int], suffix: list[int],
+              lengths: tuple[int, ...], shared: bool) -> Any:
+    sc = SamplerConfig(steps=1, lengths=lengths)
+    if shared:
+        return infill_cached(model, cfg, prefix, suffix, sc, refresh_every=1, shared=True)
+    return infill(model, cfg, prefix, suffix, sc)
 
 
 def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
                  ctx_buckets: Sequence[int] = CTX_BUCKETS, hole_buckets: Sequence[int] = HOLE_BUCKETS,
                  rows: int = 3, refresh_every: int = 1, repeats: int = 5, min_steps: int = 1,
                  max_steps: int = DEFAULT_MAX_STEPS, threshold: float | None = DEFAULT_THRESHOLD,
-                 model_name: str = "",
+                 model_name: str = "", shared_context: bool = False,
                  statistic: Callable[[list[float]], float] = statistics.median) -> StepPlan:
     """Time the buckets that fit the model's positions and build the plan at ``rows`` canvas
     rows, pricing other row counts (a request's drafts add rows) per bucket:
@@ -410,7 +440,8 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
       such step costs several small ones), and every bucket, rows included, from the cost
       model through them (:func:`fit_timings`; module doc).
 
-    ``statistic``: see :func:`measure_bucket`."""
+    ``statistic``: see :func:`measure_bucket`; ``shared_context``: timed (and fitted) as
+    the engine runs a CPU step, one context per request."""
     p = next(model.parameters())
     limit = getattr(cfg, "max_position_embeddings", 1 << 30)
     buckets = [(c, h) for c in ctx_buckets for h in hole_buckets if c + h <= limit]
@@ -425,7 +456,7 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
     def timed(b: tuple[int, int], n: int, **kw: Any) -> BucketTiming:
         kw.setdefault("repeats", repeats)
         t = measure_bucket(model, cfg, measured_ctx[b], b[1], rows=n, refresh_every=refresh_every,
-                           statistic=statistic, **kw)
+                           statistic=statistic, shared=shared_context, **kw)
         return msgspec.structs.replace(t, ctx=b[0])
 
     largest = max(buckets, key=lambda b: (b[0] + b[1], b))
@@ -436,21 +467,24 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
         # the repeats
         large = timed(largest, rows, warmup=0, overhead=False, repeats=max(1, repeats // 2))
         large = msgspec.structs.replace(large, overhead_ms=small.overhead_ms)
-        timings = fit_timings([small, large], buckets, rows)
+        timings = fit_timings([small, large], buckets, rows, shared=shared_context)
     else:
         timings = [timed(b, rows) for b in buckets]
         base = next(t for t in timings if (t.ctx, t.hole) == largest)
         more = timed(largest, 2 * rows, overhead=False)
-        tokens = rows * (largest[0] + largest[1])
+        tokens = (step_tokens(2 * rows, *largest, shared_context)
+                  - step_tokens(rows, *largest, shared_context))
         b_full = max(0.0, more.full_ms - base.full_ms) / tokens
         b_block = max(0.0, more.block_ms - base.block_ms) / tokens
-        timings = [msgspec.structs.replace(t, row_ms=round(b_full * (t.ctx + t.hole), 4),
-                                           block_row_ms=round(b_block * (t.ctx + t.hole), 4))
+        per = (lambda t: t.hole) if shared_context else (lambda t: t.ctx + t.hole)
+        timings = [msgspec.structs.replace(t, row_ms=round(b_full * per(t), 4),
+                                           block_row_ms=round(b_block * per(t), 4))
                    for t in timings]
     return plan_from_timings(
         timings, budget_ms, refresh_every=refresh_every, min_steps=min_steps, max_steps=max_steps,
         threshold=threshold, device=str(p.device), dtype=str(p.dtype).removeprefix("torch."),
-        model=model_name, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        model=model_name, shared_context=shared_context,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
 
 

@@ -113,3 +113,104 @@ def test_bad_refresh_value():
     cv = build_canvas(cfg, [5], [6], [4])
     with pytest.raises(ValueError):
         DualCache(model, cv, shift=False, refresh_every=0)
+
+
+# -- one context per request ------------------------------------------------------------------
+
+
+def test_context_groups_pick_each_requests_longest_row():
+    from diffill.model.cache import context_groups
+    from diffill.model.sampler import pad_canvas, stack_canvases
+
+    _, cfg = _model(0)
+    g = torch.Generator().manual_seed(3)
+    a = build_canvas(cfg, _ids(g, 5), _ids(g, 4), [2, 4, 8, 8])  # 3 lengths + a draft row
+    b = build_canvas(cfg, _ids(g, 7), _ids(g, 2), [3, 6])
+    cv = stack_canvases([a, b], cfg.pad_token_id)
+    cv = pad_canvas(cv, cfg.pad_token_id, cv.ids.shape[1], cv.hole_pos.shape[1], 8)  # 2 fillers
+    assert context_groups(cv).tolist() == [2, 2, 2, 2, 5, 5, 6, 7]
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_shifted_keys_are_the_rows_own_keys_at_layer_zero(shift):
+    """Layer 0's keys depend on the token and its position only: the representative's
+    suffix keys moved by the offset must be the shorter row's own keys (RoPE exactness)."""
+    from diffill.model.cache import SharedContext
+
+    model, cfg = _model(4, shift_logits=shift)
+    g = torch.Generator().manual_seed(5)
+    cv = build_canvas(cfg, _ids(g, 6), _ids(g, 7), [2, 5, 9])
+    fwd = SharedContext(model, cv, shift=shift, refresh_every=100)
+    with torch.inference_mode():
+        fwd.forward_hidden(cv.ids, cv.attn)
+        own = DualCache(model, cv, shift=shift, refresh_every=100)
+        own.forward_hidden(cv.ids, cv.attn)
+    k_shared, k_own = fwd.kv[0][0], own.kv[0][0]
+    real = own.ctx_mask[:, None, :, None].expand_as(k_own)
+    assert torch.allclose(k_shared[real], k_own[real], atol=1e-5)
+    assert torch.equal(fwd.kv[0][1][real], own.kv[0][1][real])
+    assert fwd.shared_rows == 2
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_shared_context_is_exact_where_the_rows_canvases_agree(shift):
+    """Rows of one length (a candidate and its draft rows, all masked) get exactly what
+    each would get on its own; one row alone is the plain sampler."""
+    from diffill.model.cache import SharedContext
+
+    model, cfg = _model(6, shift_logits=shift)
+    g = torch.Generator().manual_seed(7)
+    cv = build_canvas(cfg, _ids(g, 8), _ids(g, 5), [6, 6, 6])
+    fwd = SharedContext(model, cv, shift=shift, refresh_every=100)
+    with torch.inference_mode():
+        got, _ = fwd.forward_hidden(cv.ids, cv.attn)
+        ref, _ = model.forward_hidden(cv.ids, cv.attn)
+    bp, battn = active_block(cv, shift)
+    D = ref.shape[-1]
+    sel = bp[..., None].expand(-1, -1, D)
+    assert torch.allclose(got.gather(1, sel)[battn], ref.gather(1, sel)[battn], atol=1e-5)
+    pre, suf = _ids(g, 9), _ids(g, 4)
+    sc = SamplerConfig(steps=4, lengths=(7,))
+    assert [c.ids for c in infill_cached(model, cfg, pre, suf, sc, refresh_every=1, shared=True)] \
+        == [c.ids for c in infill(model, cfg, pre, suf, sc)]
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_shared_context_decodes_close_to_the_exact_path(shift):
+    """An approximation for rows of other lengths (how close is measured on real models,
+    not asserted on a random one): it runs and answers every length, and the
+    representative row's logits are the exact path's."""
+    from diffill.model.cache import SharedContext
+
+    model, cfg = _model(8, shift_logits=shift)
+    g = torch.Generator().manual_seed(9)
+    pre, suf = _ids(g, 12), _ids(g, 6)
+    sc = SamplerConfig(steps=4, lengths=(3, 6, 12))
+    res = infill_cached(model, cfg, pre, suf, sc, refresh_every=2, shared=True, dedup=False)
+    assert sorted(c.length for c in res) == [3, 6, 12] and all(c.steps >= 1 for c in res)
+    cv = build_canvas(cfg, pre, suf, [3, 6, 12])
+    with torch.inference_mode():
+        got, _ = SharedContext(model, cv, shift=shift, refresh_every=1).forward_hidden(cv.ids, cv.attn)
+        ref, _ = model.forward_hidden(cv.ids, cv.attn)
+    bp, battn = active_block(cv, shift)
+    sel = bp[..., None].expand(-1, -1, ref.shape[-1])
+    with torch.inference_mode():
+        lg, lr = model.head(got.gather(1, sel))[battn], model.head(ref.gather(1, sel))[battn]
+    assert torch.allclose(lg[-12:], lr[-12:], atol=1e-4)  # the representative row is exact
+
+
+def test_shared_context_lets_rows_go_and_elects_a_new_representative():
+    from diffill.model.cache import SharedContext
+
+    model, cfg = _model(10)
+    g = torch.Generator().manual_seed(11)
+    cv = build_canvas(cfg, _ids(g, 6), _ids(g, 3), [2, 4, 8])
+    fwd = SharedContext(model, cv, shift=False, refresh_every=1)
+    with torch.inference_mode():
+        fwd.forward_hidden(cv.ids, cv.attn)
+        fwd.select_rows(torch.tensor([0, 1]))  # the representative (row 2) goes
+        assert fwd.rep.tolist() == [1, 1]
+        sub = cv.rows(torch.tensor([0, 1]))
+        got, _ = fwd.forward_hidden(sub.ids, sub.attn)  # refresh with the new representative
+        ref, _ = model.forward_hidden(sub.ids[1:], sub.attn[1:])
+    assert torch.allclose(got[1], ref[0], atol=1e-5)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from diffill.model.engine import Engine, default_lengths
+from diffill.model.engine import Engine, EngineOptions, default_lengths
 from diffill.model.loader import LoadedModel
 from diffill.model.sampler import InfillCancelled, SamplerConfig, infill
 from diffill.model.transformer import Transformer
@@ -74,7 +74,7 @@ def test_engine_steps_come_from_its_step_budget():
 
 def test_infill_matches_sampler_and_counts():
     lm = make_lm()
-    eng = Engine(lm, SamplerConfig(steps=4))
+    eng = Engine(lm, SamplerConfig(steps=4), options=EngineOptions(context="row"))  # exact
     pre, suf = [1, 2, 3, 4], [5, 6]
     got = eng.infill(pre, suf, max_tokens=16)
     want = infill(lm.model, lm.config, pre, suf, SamplerConfig(steps=4, lengths=(4, 8, 16)))

@@ -12,12 +12,14 @@ import torch
 from diffill.model.cache import infill_cached
 from diffill.model.engine import Engine, EngineOptions
 from diffill.model.loader import LoadedModel
-from diffill.model.plan import BucketTiming, plan_from_timings
+from diffill.model.plan import BucketTiming, describe_plan, plan_from_timings
 from diffill.model.sampler import InfillCancelled, SamplerConfig, Strategy, infill
 from diffill.model.transformer import Transformer
 from support import one_batch, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ROW = EngineOptions(context="row")  # the exact path (the CPU default shares one context)
 
 
 V = 53
@@ -63,7 +65,7 @@ def _assert_same(got, want, tol: float = 1e-5):
 def test_batched_requests_equal_unbatched(shift, sc):
     lm = make_lm(shift)
     reqs = prompts(6)
-    eng = Engine(lm, sc)
+    eng = Engine(lm, sc, options=ROW)
     got = run_together(eng, reqs)
     st = eng.stats()
     assert st["batches"] == 1 and st["max_batch_requests"] == 6
@@ -75,7 +77,7 @@ def test_batched_requests_equal_unbatched(shift, sc):
 def test_requests_with_different_steps_are_not_mixed_but_all_answered():
     lm = make_lm()
     reqs = prompts(4, seed=1)
-    eng = Engine(lm, SamplerConfig(steps=3), options=EngineOptions(max_batch_rows=5))
+    eng = Engine(lm, SamplerConfig(steps=3), options=EngineOptions(max_batch_rows=5, context="row"))
     out: list = [None] * 4
 
     def work(i: int) -> None:
@@ -99,7 +101,7 @@ def test_requests_with_different_steps_are_not_mixed_but_all_answered():
 def test_cancelled_request_leaves_the_batch_and_the_others_finish():
     lm = make_lm()
     reqs = prompts(4, seed=2)
-    eng = Engine(lm, SamplerConfig(steps=5))
+    eng = Engine(lm, SamplerConfig(steps=5), options=ROW)
     calls = {"n": 0}
 
     def cancel_third() -> bool:
@@ -148,12 +150,12 @@ def test_engine_dual_cache(shift):
     lm = make_lm(shift, seed=5)
     reqs = prompts(4, seed=4)
     # refresh every step: exactly the uncached sampler
-    eng1 = Engine(lm, SamplerConfig(steps=6), options=EngineOptions(refresh_every=1))
+    eng1 = Engine(lm, SamplerConfig(steps=6), options=EngineOptions(refresh_every=1, context="row"))
     for pre, suf, lens in reqs:
         assert eng1.infill(pre, suf, lengths=lens) == infill(
             lm.model, lm.config, pre, suf, SamplerConfig(steps=6, lengths=lens))
     # refresh every 3 steps, batched: each request as the single-request cached sampler
-    eng3 = Engine(lm, SamplerConfig(steps=6), options=EngineOptions(refresh_every=3))
+    eng3 = Engine(lm, SamplerConfig(steps=6), options=EngineOptions(refresh_every=3, context="row"))
     got = run_together(eng3, reqs)
     for (pre, suf, lens), res in zip(reqs, got, strict=True):
         _assert_same(res, infill_cached(lm.model, lm.config, pre, suf,
@@ -193,7 +195,8 @@ def test_static_buffer_graph_loop_equals_eager(refresh, shift):
     reqs = prompts(5, seed=6)
     for sc in (SamplerConfig(steps=5), SamplerConfig(steps=6, threshold=0.4),
                SamplerConfig(steps=5, block=2)):
-        eager = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, buckets=True))
+        eager = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, buckets=True,
+                                                      context="row"))
         graphs = Engine(lm, sc, options=EngineOptions(refresh_every=refresh, cuda_graphs=True))
         want = run_together(eager, reqs)
         got = run_together(graphs, reqs)
@@ -286,3 +289,38 @@ def test_default_sampler_takes_the_checkpoints_decode_block():
     assert eng.infill(pre, suf, lengths=lens) == infill(
         lm.model, lm.config, pre, suf, SamplerConfig(block=2, lengths=lens))
     assert Engine(lm, SamplerConfig(steps=3)).sampler.block is None  # an explicit sampler wins
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_cpu_default_shares_one_context_per_request(shift):
+    """On a CPU the engine runs each request's rows against one context (cache.SharedContext):
+    the same results as the shared-context sampler, batched or not; exact where a request
+    has rows of one length; 'row' is the exact path."""
+    lm = make_lm(shift)
+    eng = Engine(lm, SamplerConfig(steps=4))
+    assert eng.options.context == "auto" and eng.shared_context
+    assert not Engine(lm, options=ROW).shared_context
+    assert not Engine(lm, options=EngineOptions(cuda_graphs=True)).shared_context
+    reqs = prompts(5, seed=3)
+    got = run_together(eng, reqs)
+    for (pre, suf, lens), res in zip(reqs, got, strict=True):
+        sc = SamplerConfig(steps=4, lengths=lens)
+        want = infill_cached(lm.model, lm.config, pre, suf, sc, refresh_every=1, shared=True)
+        _assert_same(res, want)
+        if len(lens) == 1:
+            _assert_same(res, infill(lm.model, lm.config, pre, suf, sc))
+    with pytest.raises(ValueError):
+        EngineOptions(context="document")
+
+
+def test_the_plan_is_timed_with_the_shared_context():
+    lm = make_lm()
+    shared = Engine(lm).measure_plan(200.0, ctx_buckets=(256,), hole_buckets=(8, 16), repeats=1)
+    exact = Engine(lm, options=ROW).measure_plan(200.0, ctx_buckets=(256,), hole_buckets=(8, 16),
+                                                 repeats=1)
+    assert shared.shared_context and not exact.shared_context
+    assert "one context per request" in describe_plan(shared)
+    by_hole = {t.hole: t for t in shared.timings}  # a row more costs its hole, not a canvas
+    assert by_hole[16].row_ms == pytest.approx(2 * by_hole[8].row_ms, abs=1e-3)
+    by_hole = {t.hole: t for t in exact.timings}
+    assert by_hole[16].row_ms == pytest.approx(by_hole[8].row_ms * 272 / 264, abs=1e-3)

@@ -302,10 +302,11 @@ def test_default_sampler_takes_the_checkpoint_ratio():
     assert default_sampler(c.replace(draft_ratio=1e-4)).draft_ratio == 1e-4
 
 
-@pytest.mark.parametrize("opts", [EngineOptions(), EngineOptions(buckets=True),
+@pytest.mark.parametrize("opts", [EngineOptions(context="row"),
+                                  EngineOptions(buckets=True, context="row"),
                                   EngineOptions(cuda_graphs=True),
                                   EngineOptions(cuda_graphs=True, refresh_every=2),
-                                  EngineOptions(refresh_every=2)])
+                                  EngineOptions(refresh_every=2, context="row")])
 def test_engine_batches_with_drafts_equal_each_alone(opts):
     """Requests with and without drafts share a batch; each gets what the sampler gives it
     alone (the cached and graph loops are checked at refresh 1 against the reference)."""
