@@ -6,12 +6,20 @@ Endpoints
 ``POST /v1/completions``
     ``prompt`` (text before the hole; a string or a list of strings), ``suffix``
     (text after it), ``max_tokens`` (longest middle, model tokens, default 16),
-    ``temperature`` (default 0: greedy), ``stop`` (string or list of up to 4),
+    ``temperature`` (default 0: greedy), ``stop`` (string or list of up to 16),
     ``n`` (candidates per prompt), ``model``, ``seed``, ``user``; diffill
     extensions ``raw`` (skip post-processing) and ``steps`` (refinement steps).
     Other OpenAI fields (``top_p``, penalties, ...) are accepted and ignored;
-    ``stream``, ``echo``, ``logprobs``, ``best_of > n`` and ``logit_bias`` are
-    refused with a 400 rather than silently wrong. Answer: the OpenAI shape
+    ``echo``, ``logprobs``, ``best_of > n`` and ``logit_bias`` are refused with a 400
+    rather than silently wrong. ``stream: true`` answers server-sent events in the OpenAI
+    chunk shape (each choice's whole text in one chunk, once the middle is decided -- the
+    diffusion model commits the middle as a whole -- then ``data: [DONE]``); each chunk's
+    choices carry ``delta.content`` too, for clients that read the chat shape (Continue).
+    A ``prompt`` that writes the hole in a model family's FIM tokens and sends no
+    ``suffix`` (Zed's ``prompt_format``, Continue's legacy templates) is split back into
+    prefix and suffix (:mod:`.fim_prompt`).
+``POST /v1/fim/completions``
+    The same (Continue's route for providers with FIM). Answer: the OpenAI shape
     (``id``, ``object="text_completion"``, ``created``, ``model``, ``choices``
     [``text``, ``index``, ``finish_reason``, ``logprobs: null``], ``usage``) plus a
     ``diffill`` object: ``steps`` (refinement steps each prompt's middle took),
@@ -112,6 +120,7 @@ from msgspec import Meta
 from .backends import Backend, BackendError, Cancelled, Candidate
 from .completer import Completer
 from .context import FimContext, Snippet
+from .fim_prompt import split_fim_prompt
 from .http_cost import Price, default_max_request_ms, price
 from .options import CompletionOptions
 
@@ -119,7 +128,8 @@ log = logging.getLogger("diffill.http")
 access_log = logging.getLogger("diffill.http.access")
 
 DEFAULT_MAX_TOKENS = 16
-MAX_STOP = 4
+MAX_STOP = 16
+"""OpenAI allows 4; FIM clients send more (Continue's templates list a dozen)."""
 RETRYABLE_HINT_S = 1
 LOAD_GATE_ENV = "DIFFILL_DEBUG_LOAD_GATE"
 NO_HEALING_HEADER = "X-Diffill-Token-Healing"
@@ -127,7 +137,7 @@ NO_HEALING_HEADER = "X-Diffill-Token-Healing"
 (sent by diffill's own ``openai`` backend, whose language server heals already)."""
 LOAD_TASK = web.AppKey("diffill_load", asyncio.Task)
 HEALTH_PATHS = frozenset({"/health", "/healthz", "/v1/health"})
-ENDPOINTS = ("POST /v1/completions, GET /v1/models, GET /v1/models/{model}, GET /health, "
+ENDPOINTS = ("POST /v1/completions (and /v1/fim/completions), GET /v1/models, GET /v1/models/{model}, GET /health, "
              "POST /infill, GET /props")
 _RID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
@@ -226,8 +236,6 @@ def parse_request(body: bytes) -> CompletionRequest:
         raise RequestError(400, f"malformed JSON body: {e}") from None
     except RecursionError:
         raise RequestError(400, "malformed JSON body: nested too deeply") from None
-    if req.stream:
-        raise RequestError(400, "stream=true is not supported; send stream=false", param="stream")
     if req.echo:
         raise RequestError(400, "echo=true is not supported", param="echo")
     if req.logprobs:
@@ -818,9 +826,18 @@ class HttpFront:
     def openai_fills(self, req: CompletionRequest, healing: bool) -> list[Fill]:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         max_tokens = req.max_tokens or min(DEFAULT_MAX_TOKENS, self.max_tokens_limit)
-        return [Fill(prompt=p, suffix=req.suffix or "", max_tokens=max_tokens, n=req.n,
-                     temperature=req.temperature or 0.0, seed=req.seed, steps=req.steps,
-                     raw=req.raw, healing=healing, stops=stop_list(req.stop)) for p in prompts]
+        fills = []
+        for p in prompts:
+            suffix = req.suffix
+            if suffix is None:  # the hole written in FIM tokens (Zed, Continue's templates)
+                split = split_fim_prompt(p)
+                if split is not None:
+                    p, suffix = split.prefix, split.suffix
+            fills.append(Fill(prompt=p, suffix=suffix or "", max_tokens=max_tokens, n=req.n,
+                              temperature=req.temperature or 0.0, seed=req.seed,
+                              steps=req.steps, raw=req.raw, healing=healing,
+                              stops=stop_list(req.stop)))
+        return fills
 
     async def execute(self, request: web.Request, fills: list[Fill],
                       t0: float) -> list[FillResult]:
@@ -895,7 +912,27 @@ class HttpFront:
             if e.status not in (429, 499):
                 self.count(f"http_{e.status}")
             return error_response(e, rid)
-        return self.openai_answer(req, fills, results, model_name, rid)
+        answer = self.openai_answer(req, fills, results, model_name, rid)
+        if req.stream:
+            return await self.stream_answer(request, answer)
+        return answer
+
+    async def stream_answer(self, request: web.Request, answer: Reply) -> web.StreamResponse:
+        """The answer as server-sent events: one chunk per choice (its whole text and its
+        ``finish_reason``; ``delta.content`` as well), then ``[DONE]``. No usage chunk: a
+        chunk without choices breaks clients that read ``choices[0]`` of every chunk."""
+        out = msgspec.json.decode(answer.body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache",
+                                           "X-Request-Id": answer.headers["X-Request-Id"]})
+        await resp.prepare(request)
+        base = {k: out[k] for k in ("id", "object", "created", "model")}
+        for ch in out["choices"]:
+            chunk = {**base, "choices": [{**ch, "delta": {"content": ch["text"]}}]}
+            await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     def openai_answer(self, req: CompletionRequest, fills: list[Fill],
                       results: list[FillResult], model_name: str, rid: str) -> Reply:
@@ -1103,6 +1140,7 @@ class HttpFront:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[guard])
         ex = self.expect
         app.router.add_post("/v1/completions", self.completions, expect_handler=ex)
+        app.router.add_post("/v1/fim/completions", self.completions, expect_handler=ex)
         app.router.add_get("/v1/models", self.models, expect_handler=ex)
         app.router.add_get("/v1/models/{model:.+}", self.model, expect_handler=ex)
         app.router.add_get("/health", self.health, expect_handler=ex)

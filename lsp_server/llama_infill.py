@@ -521,7 +521,7 @@ def timings(prompt_n: int, prompt_ms: float, predicted_n: int,
     """llama-server's ``timings`` object (per-token and per-second figures 0 when there
     is nothing to divide)."""
     def per_token(ms: float, n: int) -> float:
-        return round(ms / n, 3) if n else 0.0
+        return round(ms / n, 6) if n else 0.0
 
     def per_second(ms: float, n: int) -> float:
         return round(1000.0 * n / ms, 3) if n and ms > 0 else 0.0

@@ -286,7 +286,7 @@ def test_cut_at_indent_and_pick_fields():
     (b'{"input_extra": [{"filename": "a.py"}]}', 400, "text"),
     (b'{"input_extra": "a.py"}', 400, "input_extra"),
     (b'{"stream": true}', 400, "stream"),
-    (b'{"stop": ["a", "b", "c", "d", "e"]}', 400, "stop"),
+    (b'{"stop": [' + b'"s", ' * 16 + b'"s"]}', 400, "stop"),
     (b'{"temperature": -1}', 400, "temperature"),
     (b'{"model": "gpt-4o"}', 404, "model"),
 ])
