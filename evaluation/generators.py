@@ -10,11 +10,13 @@ policy for single-line holes (``multiline=False``) and the multi-line policy for
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..lsp_server.backends import load_local_backend
 from ..lsp_server.completer import Completer, options_from_kwargs
+from ..lsp_server.context import Snippet
 from .baseline import analogy_completion
 
 
@@ -81,15 +83,17 @@ class CompleterGenerator:
         language: str | None = "python",
         syntax_check: bool = True,
         drafts: bool = False,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.name = name
+        self.options = dict(options or {})  # more completion options (Python names)
         self.backend = backend
         self.steps = steps
         self.language = language  # the tasks' language (the harness executes Python)
         self.syntax_check = syntax_check
         self.drafts = drafts
         common: dict[str, Any] = {"context_tokens": context_tokens, "syntax_check": syntax_check,
-                                  "drafts": drafts}
+                                  "drafts": drafts, **self.options}
         if steps is not None:
             common["steps"] = steps
         self._single = Completer(
@@ -113,13 +117,21 @@ class CompleterGenerator:
             "steps": self.steps, "line_tokens": o.max_tokens,
             "span_tokens": self._multi.options.max_tokens, "context_tokens": o.context_tokens,
             "name": self.name, "language": self.language, "syntax_check": self.syntax_check,
-            "drafts": self.drafts}
+            "drafts": self.drafts, "options": self.options}
         return CompleterGenerator(self.backend, **{**kw, **changes})
 
-    def generate(self, text: str, offset: int, *, multiline: bool) -> Generated:
+    def with_options(self, name: str, **options: Any) -> CompleterGenerator:
+        """Same model, budgets and steps, with more completion options (Python names)."""
+        return self._like(name=name, options={**self.options, **options})
+
+    def generate(self, text: str, offset: int, *, multiline: bool, path: str | None = None,
+                 snippets: Sequence[Snippet] = (), workspace: Sequence[str] = ()) -> Generated:
+        """The top suggestion; ``snippets`` (extra context) and ``workspace`` (chunks for
+        the draft sources) as the server gathers them (:mod:`diffill.lsp_server.gather`)."""
         c = self._multi if multiline else self._single
         calls = getattr(self.backend, "model_calls", None)
-        res = c.run(text, offset, n=1, multiline=multiline, language=self.language)
+        res = c.run(text, offset, n=1, multiline=multiline, language=self.language, path=path,
+                    snippets=snippets, workspace=workspace)
         top = res.suggestions[0] if res.suggestions else None
         info: dict[str, Any] = {
             "steps": max((x.steps for x in res.candidates), default=0),

@@ -85,12 +85,51 @@ def heldout_table(section: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def repo_table(section: dict[str, Any]) -> str:
+    head = (f"{'system':<15} {'set':<6} {'tasks':>5} {'EM':>6} {'ES':>6} {'EM inws':>7}"
+            f" {'p50 ms':>8} {'gath.p95':>8}" + DRAFT_HEAD)
+    rows = [f"Repository-level held-out set ({section['source']}; workspace: the rest of the "
+            "package)", head, "-" * len(head)]
+    for kind in ("lines", "spans"):
+        part = section.get(kind)
+        if not part:
+            continue
+        for name, s in part["systems"].items():
+            rows.append(
+                f"{name:<15} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} "
+                f"{_f(s.get('edit_similarity'))} {_f(s.get('exact_match_inws'), '7.3f')} "
+                f"{_f(s.get('latency_p50_ms'), '8.1f')} {_f(s.get('gather_p95_ms'), '8.2f')}"
+                + _draft_cols(s))
+    some = next(iter((section.get("lines") or {}).get("systems", {}).values()), {})
+    if "inws_tasks" in some:
+        rows.append(f"EM inws: the {some['inws_tasks']} line tasks whose middle's lines all occur "
+                    "in another file of the package")
+    return "\n".join(rows)
+
+
+def repo_cost_table(c: dict[str, Any]) -> str:
+    return "\n".join([
+        f"Workspace index cost ({c['files']} files, {c['chunks']} chunks, "
+        f"{c['chars'] / 1e6:.1f} M chars; roots {', '.join(c['roots'])})",
+        f"build {_f(c.get('build_s'), '.2f')} s on a background thread; resident memory "
+        f"+{_f(c.get('rss_delta_mb'), '.1f')} MB",
+        f"context gathering per request p50 {_f(c.get('gather_p50_ms'), '.2f')} ms, "
+        f"p95 {_f(c.get('gather_p95_ms'), '.2f')} ms, max {_f(c.get('gather_max_ms'), '.2f')} ms",
+        f"a completion: idle {_f(c.get('completion_idle_ms'), '.1f')} ms, while the index "
+        f"builds {_f(c.get('completion_while_building_ms'), '.1f')} ms",
+    ])
+
+
 def render(results: dict[str, Any]) -> str:
     parts: list[str] = []
     if "humaneval" in results:
         parts.append(humaneval_table(results["humaneval"]))
     if "heldout" in results:
         parts.append(heldout_table(results["heldout"]))
+    if "repo" in results:
+        parts.append(repo_table(results["repo"]))
+    if "repo_cost" in results:
+        parts.append(repo_cost_table(results["repo_cost"]))
     if results.get("frontier"):
         parts.append("Speed-quality frontier\n" + frontier_table(results["frontier"]))
     sb = results.get("sandbox")

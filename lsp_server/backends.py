@@ -121,6 +121,12 @@ class LocalBackend:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.engine.tokenizer.encode_batch(texts)
 
+    @property
+    def cross_file(self) -> str:
+        """How the loaded family reads other files before the prefix (``Recipe.cross_file``)."""
+        recipe = getattr(self.engine.config, "recipe", None)
+        return getattr(recipe, "cross_file", "comment") if recipe is not None else "comment"
+
     def max_context_tokens(self, max_tokens: int) -> int | None:
         limit = self.engine.config.max_position_embeddings
         if not limit:

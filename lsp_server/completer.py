@@ -211,6 +211,13 @@ def finish(
     return out
 
 
+def _wanted(sn: Snippet, o: CompletionOptions) -> bool:
+    """Whether the options let this kind of extra context into the header."""
+    flag = {"definition": o.definitions_context, "workspace": o.workspace_context,
+            "recent": o.recent_context}.get(sn.kind)
+    return o.extra_context if flag is None else flag
+
+
 class Completer:
     """Context building + backend call + post-processing, with no editor state."""
 
@@ -231,7 +238,10 @@ class Completer:
         language: str | None = None,
         path: str | None = None,
         snippets: Sequence[Snippet] = (),
+        repo: str | None = None,
     ) -> FimContext:
+        """The context (:func:`.context.build_context`); the header in the loaded family's
+        cross-file format (the backend's ``cross_file``: ``model/recipes.py``)."""
         o = self.options
         return build_context(
             text,
@@ -241,8 +251,10 @@ class Completer:
             prefix_fraction=o.prefix_fraction,
             language=language,
             path=path,
-            snippets=snippets if o.extra_context else (),
+            snippets=[sn for sn in snippets if _wanted(sn, o)],
             extra_fraction=o.extra_context_fraction,
+            header_format=getattr(self.backend, "cross_file", "comment"),
+            repo=repo,
         )
 
     def run(
@@ -260,6 +272,8 @@ class Completer:
         backend_kwargs: dict[str, Any] | None = None,
         others: Sequence[str] = (),
         recalled: Sequence[str] = (),
+        workspace: Sequence[str] = (),
+        repo: str | None = None,
     ) -> CompletionResult:
         """Like :meth:`complete`, also returning the context and raw candidates
         (``steps`` overrides the option; ``backend_kwargs`` go to ``backend.infill``, e.g.
@@ -274,7 +288,9 @@ class Completer:
         Drafts (option ``drafts``): candidate middles from :func:`.drafts.propose` (this
         buffer, ``others`` -- the texts of the other open documents -- and ``recalled``,
         earlier suggestions for this document) go to the model with the request and are
-        verified in its first step (:mod:`diffill.model.sampler`, *Drafts*); a draft that
+        verified in its first step (:mod:`diffill.model.sampler`, *Drafts*; ``workspace``:
+        chunks of workspace files like the code here, searched after the buffer and the
+        open documents); a draft that
         post-processing or the syntax guard would drop is not sent. When only verified
         drafts came back and none survives post-processing, the model runs again without
         them."""
@@ -289,14 +305,14 @@ class Completer:
             nonlocal drafts
             if drafts is None:
                 drafts = self.drafts_for(text, offset, ctx, multiline=multiline, guard=guard,
-                                         others=others, recalled=recalled)
+                                         others=others, recalled=recalled, workspace=workspace)
             return drafts
 
         if word:
             # Token healing: the hole starts at the beginning of the word being typed.
             start = offset - len(word)
             hctx = self.build(text[:start] + text[offset:], start, language=language, path=path,
-                              snippets=snippets)
+                              snippets=snippets, repo=repo)
             # seen from the real cursor (the ids stay what the model saw, without the word)
             ctx = dataclasses.replace(hctx, prefix=hctx.prefix + word,
                                       line_prefix=hctx.line_prefix + word,
@@ -309,7 +325,7 @@ class Completer:
                                   drafts=ds))
             if sugg:
                 return CompletionResult(sugg, ctx, cands, list(ds))
-        ctx = self.build(text, offset, language=language, path=path, snippets=snippets)
+        ctx = self.build(text, offset, language=language, path=path, snippets=snippets, repo=repo)
         ds = checked(ctx)
         cands, sugg = self._verified(
             ctx, n, cancel, steps, backend_kwargs, [d.text for d in ds], list,
@@ -319,7 +335,7 @@ class Completer:
 
     def drafts_for(self, text: str, offset: int, ctx: FimContext, *, multiline: bool | None,
                    guard: SyntaxGuard | None, others: Sequence[str] = (),
-                   recalled: Sequence[str] = ()) -> list[Draft]:
+                   recalled: Sequence[str] = (), workspace: Sequence[str] = ()) -> list[Draft]:
         """The drafts worth sending for the cursor at ``offset``: proposed
         (:func:`.drafts.propose`; a span when the multi-line policy allows several lines
         here), as post-processing would show them. A draft that post-processing or the
@@ -336,7 +352,7 @@ class Completer:
         multi = multiline if multiline is not None else (
             self.options.multiline != "always-single" and not ctx.line_suffix.strip())
         q = DraftQuery(text=text, offset=offset, others=tuple(others), recalled=tuple(recalled),
-                       multiline=bool(multi))
+                       workspace=tuple(workspace), multiline=bool(multi))
         proposed = propose(q)
         names = NameCheck(guard) if guard is not None else None
         kept: list[Draft] = []

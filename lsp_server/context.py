@@ -13,9 +13,35 @@ at half that (code averages 3-4 characters per token) and widens once when the
 text in it ran out before the budget did; ``8 * budget`` characters hold the
 budget for any text whose tokens average 8 characters or less.
 
-Optional extra context (snippets of other open documents, recent edits) goes
-in front of the prefix as a header, each snippet introduced by a commented
-``path:`` line in the document's comment syntax, inside the prefix budget.
+Extra context
+-------------
+Other files' text (:class:`Snippet`: the definitions the code at the cursor uses, chunks of
+the workspace like the code at the cursor, recent edits, other open documents, llama.vim's
+``input_extra``) goes in front of the prefix as a *header*, each snippet with its path. One
+policy decides what fits (:func:`build_context`):
+
+1. The suffix window gets its share of the budget (``1 - prefix_fraction``), as without
+   extras.
+2. The prefix's share is split: the header may take ``extra_fraction`` of it, *or more* when
+   the prefix window leaves room (near the top of a file, or in a short one): what the
+   cursor's own prefix does not use goes to the header. So the prefix around the cursor
+   always keeps ``1 - extra_fraction`` of its share -- extras never crowd it out.
+3. Snippets are taken in the order given -- the caller's order is the priority, most
+   relevant first -- each one whole when it fits, else its first lines that fit; a snippet
+   whose lines all lie in the buffer's windows already, or that repeats an earlier one, is
+   left out (deduplicated against the buffer).
+4. The header is written with the most relevant snippet *last*, nearest the code (as
+   RepoCoder orders retrieved code: the most similar next to the unfinished code), then a
+   line naming the current file.
+
+Formats (``header_format``, from the loaded family's recipe, ``model/recipes.py``
+``Recipe.cross_file``): ``"comment"`` -- each snippet as a ``<comment> path: p`` line in the
+file's line-comment syntax, then its text, and a last ``<comment> path: <current file>``
+line; ``"qwen-repo"`` -- the repository-level format Qwen2.5-Coder was pre-trained on
+(Qwen2.5-Coder Technical Report, arXiv 2409.12186, section 3.1.2, and the README of
+github.com/QwenLM/Qwen2.5-Coder, "repository level code completion"):
+``<|repo_name|>{name}\n`` then ``<|file_sep|>{path}\n{text}\n`` per file, the current file
+last as ``<|file_sep|>{path}\n`` followed by the prefix.
 """
 
 from __future__ import annotations
@@ -69,11 +95,18 @@ def comment_prefix(language: str | None, path: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Snippet:
-    """Extra context: a piece of another open document (or a recent edit)."""
+    """Extra context: a piece of another file, with the path it is shown under.
+    ``kind`` says where it came from (``"open"``: another open document, ``"definition"``,
+    ``"workspace"``, ``"recent"``, ``"extra"``: a client's chunk); it does not change how
+    it is written."""
 
     path: str
     text: str
     language: str | None = None
+    kind: str = "open"
+
+
+HEADER_FORMATS = ("comment", "qwen-repo")
 
 
 @dataclass(frozen=True)
@@ -219,30 +252,95 @@ def _take_lines(
     return text, ids
 
 
+def _block(sn: Snippet, body: str, fmt: str) -> str:
+    if fmt == "qwen-repo":
+        return f"<|file_sep|>{sn.path}\n{body}"
+    return f"{comment_prefix(sn.language, sn.path)} path: {sn.path}\n{body}"
+
+
+def _fit_lines(sn: Snippet, budget: int, fmt: str, encode_batch: EncodeBatch) -> str | None:
+    """The block of ``sn``'s first lines that fits ``budget`` tokens (None: not one line)."""
+    lines = _lines_keepends(sn.text if sn.text.endswith("\n") else sn.text + "\n")
+    lo, hi = 0, len(lines)  # largest k whose block fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(encode_batch([_block(sn, "".join(lines[:mid]), fmt)])[0]) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    body = "".join(lines[:lo])
+    return _block(sn, body, fmt) if body.strip() else None
+
+
 def build_header(snippets: Sequence[Snippet], language: str | None, path: str | None,
-                 budget: int, encode_batch: EncodeBatch) -> tuple[str, list[str]]:
-    """The extra-context header: snippets that fit ``budget`` tokens, each as
-    ``<comment> path: p`` + its text, then a ``path:`` line naming the current file.
-    Returns (header, paths used); empty when nothing fits."""
+                 budget: int, encode_batch: EncodeBatch, *, fmt: str = "comment",
+                 repo: str | None = None) -> tuple[str, list[str]]:
+    """The extra-context header: the snippets that fit ``budget`` tokens, in the order given
+    (the first is the most relevant: whole when it fits, else its first lines that do), then
+    written most relevant last, then the line naming the current file (module doc, *Extra
+    context*). Returns (header, the paths used, most relevant first); empty when nothing
+    fits."""
     if budget <= 0 or not snippets:
         return "", []
-    cm = comment_prefix(language, path)
-    trailer = f"{cm} path: {path}\n" if path else ""
+    if fmt == "qwen-repo":
+        lead = f"<|repo_name|>{repo or 'workspace'}\n"
+        trailer = f"<|file_sep|>{path or 'current'}\n"
+    else:
+        lead = ""
+        trailer = f"{comment_prefix(language, path)} path: {path}\n" if path else ""
     blocks: list[str] = []
     used_paths: list[str] = []
-    total = len(encode_batch([trailer])[0]) if trailer else 0
+    total = len(encode_batch([lead + trailer])[0]) if lead or trailer else 0
     for sn in snippets:
         body = sn.text if sn.text.endswith("\n") else sn.text + "\n"
-        block = f"{comment_prefix(sn.language, sn.path)} path: {sn.path}\n{body}"
+        block = _block(sn, body, fmt)
         n = len(encode_batch([block])[0])
         if total + n > budget:
-            continue
+            cut = _fit_lines(sn, budget - total, fmt, encode_batch) if budget - total > 8 else None
+            if cut is None:
+                continue
+            block, n = cut, len(encode_batch([cut])[0])
         total += n
         blocks.append(block)
         used_paths.append(sn.path)
     if not blocks:
         return "", []
-    return "".join(blocks) + trailer, used_paths
+    return lead + "".join(reversed(blocks)) + trailer, used_paths
+
+
+def dedupe_snippets(snippets: Sequence[Snippet], window: str) -> list[Snippet]:
+    """``snippets`` without those whose non-blank lines all occur in ``window`` (the buffer
+    around the cursor) and without repeats of an earlier snippet's text."""
+    have = {ln.strip() for ln in window.split("\n")}
+    out: list[Snippet] = []
+    seen: set[str] = set()
+    for sn in snippets:
+        lines = {ln.strip() for ln in sn.text.split("\n") if ln.strip()}
+        key = sn.text.strip()
+        if not lines or lines <= have or key in seen:
+            continue
+        seen.add(key)
+        out.append(sn)
+    return out
+
+
+def _prefix_window(text: str, offset: int, budget: int, encode_batch: EncodeBatch
+                   ) -> tuple[str, list[int]]:
+    """The cursor line part, then whole lines going up, within ``budget`` tokens. The
+    character window starts at ~4 chars/token (code averages 3-4) and widens once when it
+    ran out before the budget did."""
+    for cpt in (CHARS_PER_TOKEN_BOUND // 2, CHARS_PER_TOKEN_BOUND):
+        p_lo = max(0, offset - max(budget, 1) * cpt)
+        raw = text[p_lo:offset]
+        nl = raw.rfind("\n")
+        cursor_part = raw[nl + 1:]
+        above = _lines_keepends(raw[: nl + 1]) if nl >= 0 else []
+        if p_lo > 0 and above:
+            above = above[1:]  # the window's first line may start mid-line: drop it
+        body, ids = _take_lines(cursor_part, above[::-1], budget, encode_batch, reverse=True)
+        if p_lo == 0 or len(body) < len(cursor_part) + sum(map(len, above)):
+            break
+    return body, ids
 
 
 def build_context(
@@ -256,8 +354,13 @@ def build_context(
     path: str | None = None,
     snippets: Sequence[Snippet] = (),
     extra_fraction: float = 0.15,
+    header_format: str = "comment",
+    repo: str | None = None,
 ) -> FimContext:
-    """Cut the prefix/suffix windows around character ``offset`` of ``text``.
+    """Cut the prefix/suffix windows around character ``offset`` of ``text``, with the
+    ``snippets`` that fit as a header in front of the prefix (module doc, *Extra context*:
+    the policy; ``snippets`` most relevant first; ``header_format`` ``"comment"`` or
+    ``"qwen-repo"``, ``repo`` the repository name the latter writes).
 
     Token counts are exact for the returned windows: ``len(prefix_ids) <= prefix budget``
     (header included) and ``len(suffix_ids) <= suffix budget``. Work is bounded by the
@@ -267,40 +370,31 @@ def build_context(
         raise ValueError(f"offset {offset} outside the text (length {len(text)})")
     p_budget, s_budget = split_budget(budget, prefix_fraction)
 
-    # Extra context first: it takes a bounded share of the prefix budget.
+    prefix_body, prefix_body_ids = _prefix_window(text, offset, p_budget, encode_batch)
     header, used_paths = "", []
     if snippets and p_budget > 0:
+        reach = CHARS_PER_TOKEN_BOUND * max(p_budget, s_budget)
+        kept = dedupe_snippets(snippets, text[max(0, offset - reach): offset + reach])
+        room = p_budget - len(prefix_body_ids)
         header, used_paths = build_header(
-            snippets, language, path, int(p_budget * extra_fraction), encode_batch
+            kept, language, path, max(room, int(p_budget * extra_fraction)), encode_batch,
+            fmt=header_format, repo=repo,
         )
     header_ids = encode_batch([header])[0] if header else []
-    body_budget = p_budget - len(header_ids)
-
-    # -- prefix: the cursor line part, then whole lines going up. The character window
-    # starts at ~4 chars/token (code averages 3-4) and widens once when it ran out
-    # before the budget did.
-    for cpt in (CHARS_PER_TOKEN_BOUND // 2, CHARS_PER_TOKEN_BOUND):
-        p_lo = max(0, offset - max(body_budget, 1) * cpt)
-        raw = text[p_lo:offset]
-        nl = raw.rfind("\n")
-        cursor_part = raw[nl + 1:]
-        above = _lines_keepends(raw[: nl + 1]) if nl >= 0 else []
-        if p_lo > 0 and above:
-            above = above[1:]  # the window's first line may start mid-line: drop it
-        prefix_body, prefix_body_ids = _take_lines(
-            cursor_part, above[::-1], body_budget, encode_batch, reverse=True
-        )
-        if p_lo == 0 or len(prefix_body) < len(cursor_part) + sum(map(len, above)):
-            break
+    if header and len(header_ids) > p_budget - len(prefix_body_ids):
+        prefix_body, prefix_body_ids = _prefix_window(
+            text, offset, p_budget - len(header_ids), encode_batch)
     prefix_start = offset - len(prefix_body)
     if header:
         prefix = header + prefix_body
         prefix_ids = encode_batch([prefix])[0]
         if len(prefix_ids) > p_budget:  # joined header tokenised longer: drop the header
-            header, used_paths, prefix, prefix_ids = "", [], prefix_body, prefix_body_ids
+            header, used_paths = "", []
+            prefix_body, prefix_body_ids = _prefix_window(text, offset, p_budget, encode_batch)
+            prefix_start = offset - len(prefix_body)
+            prefix, prefix_ids = prefix_body, prefix_body_ids
     else:
         prefix, prefix_ids = prefix_body, prefix_body_ids
-
     # -- suffix: the rest of the cursor line (with its newline), then whole lines going down
     for cpt in (CHARS_PER_TOKEN_BOUND // 2, CHARS_PER_TOKEN_BOUND):
         s_hi = min(len(text), offset + max(s_budget, 1) * cpt)

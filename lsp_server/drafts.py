@@ -11,8 +11,9 @@ from a wrong draft, so a source's second guess mostly adds a wrong one to choose
 The sources:
 
 * :class:`PromptLookup` (``"lookup"``): the longest earlier occurrence of the text just before
-  the cursor -- earlier or later in the buffer, or in another open document -- and what
-  followed it there (prompt lookup decoding, by characters). When what follows the cursor
+  the cursor -- earlier or later in the buffer, in another open document, or in a chunk of
+  the workspace index like the code here (``DraftQuery.workspace``, :mod:`.workspace`) --
+  and what followed it there (prompt lookup decoding, by characters). When what follows the cursor
   also follows the occurrence (a *two-sided* match), the draft is exactly what lies between.
 * :class:`SuffixLookup` (``"suffix"``): the same from the other side of the hole, as only a
   diffusion model can use it: the longest occurrence elsewhere of the text just *after* the
@@ -22,6 +23,11 @@ The sources:
   successor of the most similar line, re-indented).
 * :class:`Typeahead` (``"typeahead"``): the rest of a suggestion shown earlier, after what the
   user has typed of it since.
+
+Workspace chunks rank after the buffer's own matches and the other open documents' at an
+equal match length (the rank is the match length, then where: this buffer, the other open
+documents, the workspace chunks in the order of their similarity): a longer agreement found
+in the workspace still wins, a tie goes to the buffer.
 
 Line ends: the sources work on ``"\\n"``; a CRLF document (and CRLF other documents) are read
 with ``"\\r\\n"`` as ``"\\n"`` and the drafts come back with the document's ``"\\r\\n"``.
@@ -57,6 +63,7 @@ class DraftQuery:
     text: str  # the whole document
     offset: int  # cursor (character offset)
     others: Sequence[str] = ()  # texts of the other open documents
+    workspace: Sequence[str] = ()  # chunks of workspace files like the code here, best first
     recalled: Sequence[str] = ()  # recent suggestions shown for this document, best/newest first
     multiline: bool = False  # single-line hole (stop at end of line) or a span
     max_chars: int = 400
@@ -76,7 +83,8 @@ def _as_lf(q: DraftQuery) -> tuple[DraftQuery, bool]:
     document used CRLF (its drafts go back with ``"\\r\\n"``)."""
     others_cr = any("\r" in o for o in q.others)
     recalled_cr = any("\r" in r for r in q.recalled)
-    if "\r" not in q.text and not others_cr and not recalled_cr:
+    work_cr = any("\r" in w for w in q.workspace)
+    if "\r" not in q.text and not others_cr and not recalled_cr and not work_cr:
         return q, False
     text, off = q.text, max(0, min(q.offset, len(q.text)))
     crlf = "\r\n" in text
@@ -87,7 +95,9 @@ def _as_lf(q: DraftQuery) -> tuple[DraftQuery, bool]:
         text = text.replace("\r\n", "\n")
     others = tuple(o.replace("\r\n", "\n") for o in q.others) if others_cr else q.others
     recalled = tuple(r.replace("\r\n", "\n") for r in q.recalled) if recalled_cr else q.recalled
-    return dataclasses.replace(q, text=text, offset=off, others=others, recalled=recalled), crlf
+    work = tuple(w.replace("\r\n", "\n") for w in q.workspace) if work_cr else q.workspace
+    return dataclasses.replace(q, text=text, offset=off, others=others, recalled=recalled,
+                               workspace=work), crlf
 
 
 def _restore(drafts: list[Draft], crlf: bool) -> list[Draft]:
@@ -190,7 +200,7 @@ def _right_key(text: str, off: int, right_chars: int, reach: int = 400) -> _Righ
 @dataclass(frozen=True)
 class _Hit:
     match: int  # characters of agreement: left of the cursor (token-aligned, capped) + right
-    where: int  # 0: this buffer before the cursor, 1: after it, 2 + i: others[i]
+    where: int  # 0: this buffer before the cursor, 1: after it, 2 + i: others[i], then workspace
     distance: int  # from the cursor (this buffer) or from the document start (others)
     draft: str
 
@@ -251,7 +261,7 @@ class PromptLookup:
         self._before(q, seed, right, hits)
         self._forward(q, text, off, 1, seed, right, hits)
         budget = self.others_chars
-        for i, other in enumerate(q.others):
+        for i, other in enumerate((*q.others, *q.workspace)):
             if len(other) > budget:
                 break
             budget -= len(other)
@@ -435,7 +445,7 @@ class SuffixLookup:
         depth = first - (rest.rfind("\n", 0, first) + 1)  # the indentation of the key's line
         best: tuple[int, int, int, str] | None = None
         budget = self.others_chars
-        for where, hay in enumerate((text, *q.others)):
+        for where, hay in enumerate((text, *q.others, *q.workspace)):
             if where:
                 if len(hay) > budget:
                     break

@@ -72,7 +72,26 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     extra_context: bool = False
     """Add a commented header with snippets of other open documents (inside the budget)."""
     extra_context_fraction: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.15
-    """Share of the prefix budget that extra context may use."""
+    """Share of the prefix budget that extra context may use (more when the prefix window
+    leaves room: near the top of a file; ``lsp_server/context.py``, *Extra context*)."""
+    workspace_index: bool = True
+    """Index the text files under the workspace folders, in memory (``.gitignore`` honoured;
+    vendored, generated and binary files skipped; ``lsp_server/workspace.py``) for the
+    workspace drafts and context below. Nothing is written to disk or sent anywhere."""
+    workspace_max_files: Annotated[int, Meta(ge=0, le=200_000)] = 20_000
+    """Most files the workspace index holds (the rest is left out and counted)."""
+    workspace_max_mb: Annotated[int, Meta(ge=1, le=4096)] = 256
+    """Most text the workspace index holds, in millions of characters (kept compressed)."""
+    workspace_drafts: bool = True
+    """Draft sources (prompt lookup, suffix lookup) also search the workspace chunks most
+    like the code at the cursor, ranked after the buffer's own matches."""
+    workspace_context: bool = False
+    """Header: chunks of workspace files most like the code at the cursor (BM25)."""
+    definitions_context: bool = False
+    """Header: the definitions (signatures, first docstring lines) of the imported names used
+    near the cursor, found in the workspace (Python)."""
+    recent_context: bool = False
+    """Header: regions recently edited or visited in other documents (a ring of 16)."""
     # -- backend "openai" (see lsp_server/remote.py) --
     remote_url: Annotated[str, Meta(pattern=r"^https?://")] = "http://127.0.0.1:8000/v1"
     """Base URL of the OpenAI-compatible endpoint (``.../v1``)."""

@@ -56,6 +56,7 @@ class CanvasRecipe(msgspec.Struct, kw_only=True, frozen=True):
     lead: int | None = None  # first canvas token for a shift model with no start and no prefix
     expand: int | None = None  # DreamOn length control: this slot becomes two masks
     delete: int | None = None  # DreamOn length control: this slot is removed
+    cross_file: str = "comment"  # how other files are shown before the prefix (Recipe.cross_file)
 
     @property
     def length_control(self) -> bool:
@@ -89,6 +90,20 @@ class Recipe:
     optional_terminators: tuple[str, ...] = ()  # used when the vocabulary has them
     sources: tuple[str, ...] = ()
     note: str = ""
+    cross_file: str = "comment"
+    """How other files' text (the context header, ``lsp_server/context.py``) is written for
+    this family: ``"comment"`` (a commented ``path:`` line before each file) or
+    ``"qwen-repo"`` (Qwen2.5-Coder's repository-level pre-training format, for families
+    adapted from Qwen2.5-Coder; used when the vocabulary has its tokens, see
+    :data:`QWEN_REPO_TOKENS`)."""
+
+
+QWEN_REPO_TOKENS = ("<|repo_name|>", "<|file_sep|>")
+QWEN_REPO_SOURCE = (
+    "arXiv 2409.12186 (Qwen2.5-Coder Technical Report) section 3.1.2 and "
+    "github.com/QwenLM/Qwen2.5-Coder README (repository-level code completion): "
+    "<|repo_name|>name, then <|file_sep|>path + newline + content per file"
+)
 
 
 # --------------------------------------------------------------------------- the table
@@ -104,7 +119,9 @@ RECIPES: tuple[Recipe, ...] = (
         filler="@pad",
         expand="<|expand|>",
         delete="<|delete|>",
+        cross_file="qwen-repo",
         sources=(
+            QWEN_REPO_SOURCE + " (Dream-Coder, which DreamOn extends, is adapted from Qwen2.5-Coder 7B)",
             "github.com/DreamLM/DreamOn readme.md (process_infilling_prompt: "
             "[tokenizer.bos_token_id] + prefix + [mask]*n + suffix + [tokenizer.eos_token_id])",
             "arXiv 2602.01326 (DreamOn): <|expand|> becomes two masks, <|delete|> is removed",
@@ -120,7 +137,9 @@ RECIPES: tuple[Recipe, ...] = (
         terminators=("<|dlm_pad|>", "@eos"),
         optional_terminators=("<|im_end|>",),
         filler="<|dlm_pad|>",
+        cross_file="qwen-repo",
         sources=(
+            QWEN_REPO_SOURCE + " (DiffuCoder is adapted from Qwen2.5-Coder 7B, arXiv 2506.20639)",
             "huggingface.co/apple/DiffuCoder-7B-Instruct config.json: pad = eos = bos = 151643, "
             "mask 151666",
             "huggingface.co/apple/DiffuCoder-7B-cpGRPO model card (usage: output split at "
@@ -137,7 +156,9 @@ RECIPES: tuple[Recipe, ...] = (
         terminators=("@eos", "@pad"),
         optional_terminators=("<|im_end|>",),
         filler="@pad",
+        cross_file="qwen-repo",
         sources=(
+            QWEN_REPO_SOURCE + " (Dream-Coder and DiffuCoder Base are adapted from Qwen2.5-Coder 7B)",
             "github.com/DreamLM/DreamOn readme.md: the Dream tokenizer's BOS first, EOS last",
             "hkunlp.github.io/blog/2025/dream-coder: [PAD] ends responses (random truncation, "
             "pad penalty)",
@@ -152,7 +173,9 @@ RECIPES: tuple[Recipe, ...] = (
         terminators=("@eos",),
         optional_terminators=("<|endoftext|>", "<|im_end|>"),
         filler="@eos",
+        cross_file="qwen-repo",
         sources=(
+            QWEN_REPO_SOURCE + " (Open-dCoder has Qwen2.5-Coder's shape and vocabulary)",
             "github.com/pengzhangzhi/Open-dLLM eval/eval_infill/eval_infill.py: prefix + "
             "[mask_token_id]*m + suffix (Qwen2 tokenizer adds no BOS), no EOS",
         ),
@@ -314,6 +337,9 @@ def resolve_recipe(
     lead = None if recipe.lead is None else one(recipe.lead, "lead token", optional=True)
     expand = None if recipe.expand is None else one(recipe.expand, "expand token")
     delete = None if recipe.delete is None else one(recipe.delete, "delete token")
+    cross_file = recipe.cross_file
+    if cross_file == "qwen-repo" and any(token_to_id(t) is None for t in QWEN_REPO_TOKENS):
+        cross_file = "comment"  # the vocabulary cannot write the format's separators
     if mask in terms or mask == filler:
         raise RecipeError(f"recipe {recipe.name!r}: the mask token {mask} is also a terminator/filler")
     return CanvasRecipe(
@@ -327,6 +353,7 @@ def resolve_recipe(
         lead=lead if lead is not None else filler,
         expand=expand,
         delete=delete,
+        cross_file=cross_file,
     )
 
 
@@ -346,6 +373,7 @@ def describe(recipe: CanvasRecipe, id_to_token: Callable[[int], str | None]) -> 
         "terminators": show(recipe.terminators),
         "filler": show([recipe.filler])[0],
         "mask": show([recipe.mask])[0],
+        "cross_file": recipe.cross_file,
     }
     if recipe.length_control:
         assert recipe.expand is not None and recipe.delete is not None

@@ -37,6 +37,8 @@ from ..heldout import (
     heldout_tasks,
     repeats_in_file,
 )
+from ..metrics import percentile
+from ..repo import Workspaces, in_workspace, index_cost, repo_tasks, run_nonneural, run_system
 from ..runner import (
     ExecCache,
     Output,
@@ -93,6 +95,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--heldout-lines", type=int, default=200, metavar="N", help="masked single lines (default 200)")
     p.add_argument("--heldout-spans", type=int, default=100, metavar="N", help="masked 2-4 line spans (default 100)")
     p.add_argument("--seed", type=int, default=0, help="held-out sampling seed (default 0)")
+    p.add_argument("--humaneval", action=argparse.BooleanOptionalAction, default=True,
+                   help="the HumanEval (or --tasks) section (default on)")
+    p.add_argument("--repo-lines", type=int, default=0, metavar="N",
+                   help="repository-level held-out set: N masked lines from the held-out packages "
+                        "with the rest of each package as the workspace (default 0: skipped)")
+    p.add_argument("--repo-spans", type=int, default=0, metavar="N",
+                   help="repository-level held-out set: N masked 2-4 line spans (default 0)")
+    p.add_argument("--repo-cost", metavar="DIR", action="append", default=None,
+                   help="measure the workspace index on these folders (repeatable): build time "
+                        "and memory, context gathering p50/p95, first completion while it builds")
+    p.add_argument("--repo-cost-files", type=int, default=5000, metavar="N",
+                   help="files indexed for --repo-cost (default 5000)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--samples-only", action="store_true", help="generate samples, execute nothing")
     mode.add_argument("--samples", metavar="FILE", default=None,
@@ -172,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     except TaskError as e:
         print(f"diffill eval: {e}", file=sys.stderr)
         return 2
-    tasks = subset(all_tasks, args.limit)
+    tasks = subset(all_tasks, args.limit) if args.humaneval else []
 
     # -- generators ------------------------------------------------------------------------
     model = None
@@ -265,8 +279,9 @@ def run(args: argparse.Namespace) -> int:
         he_section["systems"][name] = m
         rows = per_task_rows(tasks, outs, cache)
         write_jsonl(out / f"details_humaneval_{name}.jsonl", rows)
-    results["humaneval"] = he_section
-    results["sandbox"] = sandbox.isolation()
+    if args.humaneval:
+        results["humaneval"] = he_section
+        results["sandbox"] = sandbox.isolation()
 
     # -- held-out corpus -------------------------------------------------------------------
     ho_lines: list = []
@@ -297,6 +312,19 @@ def run(args: argparse.Namespace) -> int:
                     write_jsonl(out / f"details_heldout_{kind}_{g.name}.jsonl", per_task_rows(ts, outs, None))
                 section[kind] = part
             results["heldout"] = section
+
+    # -- repository-level held-out set and the workspace's cost ---------------------------
+    if model is not None and (args.repo_lines > 0 or args.repo_spans > 0):
+        ho_path = Path(args.heldout) if args.heldout else default_heldout_path()
+        if ho_path is None:
+            notes.append("no held-out corpus found for the repository-level set; skipped")
+        else:
+            results["repo"] = _repo_section(model, ho_path, args, out, progress)
+    if model is not None and args.repo_cost:
+        sample = "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    \n"
+        results["repo_cost"] = index_cost(
+            args.repo_cost, max_files=args.repo_cost_files,
+            complete=lambda: model.with_drafts().generate(sample, len(sample) - 1, multiline=False))
 
     # -- frontier --------------------------------------------------------------------------
     if model is not None and frontier_steps:
@@ -340,3 +368,37 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report.render(report.sanitize(results)))
     return 0
+
+
+def _repo_section(model: Any, ho_path: Path, args: argparse.Namespace, out: Path,
+                  progress: bool) -> dict[str, Any]:
+    """The repository-level set (:mod:`diffill.evaluation.repo`): the model with drafts on
+    the buffer alone, + workspace drafts, + workspace context, + both; the non-neural
+    systems beside them."""
+    lines, spans, by_pkg = repo_tasks(ho_path, args.repo_lines, args.repo_spans, seed=args.seed)
+    spaces = Workspaces(by_pkg)
+    base = model.with_drafts()
+    ctx = base.with_options("+ws.context", workspace_context=True, definitions_context=True)
+    systems = [("model+drafts", base, False, False), ("+ws.drafts", base, False, True),
+               ("+ws.context", ctx, True, False), ("+ws.both", ctx, True, True)]
+    section: dict[str, Any] = {"source": str(ho_path), "seed": args.seed,
+                               "packages": {k: len(v) for k, v in by_pkg.items()}}
+    for kind, ts in (("lines", lines), ("spans", spans)):
+        if not ts:
+            continue
+        tasks = [r.task for r in ts]
+        groups = {"inws": [in_workspace(r, spaces) for r in ts]}
+        part: dict[str, Any] = {"tasks": len(ts), "systems": {}}
+        for name, gen, context, drafts in systems:
+            outs = run_system(gen, ts, spaces, context=context, drafts=drafts)
+            m = text_metrics(tasks, outs, groups)
+            g = [o.info.get("gather_ms", 0.0) for o in outs]
+            m["gather_p50_ms"], m["gather_p95_ms"] = percentile(g, 50), percentile(g, 95)
+            part["systems"][name] = m
+            write_jsonl(out / f"details_repo_{kind}_{name.strip('+').replace('.', '_')}.jsonl",
+                        per_task_rows(tasks, outs, None))
+        for name in ("baseline", "drafts-only", "drafts-only+ws"):
+            outs = run_nonneural(ts, spaces, name)
+            part["systems"][name] = text_metrics(tasks, outs, groups)
+        section[kind] = part
+    return section

@@ -1,0 +1,273 @@
+"""The definitions the code at the cursor uses, resolved in the workspace (Python only).
+
+Which symbols: the names the current file imports (``import a.b as c``, ``from .m import
+f, G as H``; read from the import lines with a regular expression, so a buffer that does not
+parse while it is typed still counts) that are *named near the cursor* (in the
+``NEAR_LINES`` lines above it, its own line and the 3 below), most recently named first; for
+a module imported whole, the attributes read from it there (``c.helper`` -> ``helper`` in
+``a/b.py``).
+
+Where: the module's file in the :class:`~.workspace.WorkspaceIndex` -- a relative import
+from the current file's folder, an absolute one as ``a/b.py`` or ``a/b/__init__.py`` at the
+end of an indexed path (the shortest such path wins).
+
+What: the definition's outline, made with :mod:`ast` from the definition's own lines
+(found with a regular expression at the module's top level, then parsed alone, so a whole
+module is never parsed on a request): for a function its signature and the first line of its
+docstring; for a class its header, the first docstring line and its methods' signatures;
+for a module-level assignment the line itself. Outlines are cached per (file, text) --
+:class:`DefinitionFinder` holds at most ``cache`` of them.
+
+Other languages: not covered (the finder returns nothing for a buffer that is not Python).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .workspace import WorkspaceIndex
+
+NEAR_LINES = 30
+MAX_DEFS = 5
+MAX_CHARS = 500  # one outline (Tabby: 5 declarations x 500 characters)
+_FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([^#\n]*)", re.MULTILINE)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+([^#\n]+)", re.MULTILINE)
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+@dataclass(frozen=True)
+class Imported:
+    name: str  # as named in this file
+    module: str  # dotted, without the leading dots
+    level: int  # leading dots of a relative import (0: absolute)
+    symbol: str | None  # the name in that module; None: the module itself
+
+
+@dataclass(frozen=True)
+class Definition:
+    path: str
+    name: str
+    text: str
+
+
+def imports(text: str) -> dict[str, Imported]:
+    """name as used here -> what it is, from the file's import lines (later ones win)."""
+    out: dict[str, Imported] = {}
+    for m in _FROM.finditer(text):
+        dots, mod, names = len(m.group(1)), m.group(2), m.group(3)
+        end = m.end()
+        if "(" in m.group(0) and ")" not in names:  # a parenthesised list over lines
+            close = text.find(")", end)
+            names += " " + text[end:close if close >= 0 else end + 2000]
+        for part in names.replace(")", " ").split(","):
+            bits = part.split()
+            if not bits or bits[0] == "*":
+                continue
+            sym = bits[0]
+            alias = bits[2] if len(bits) >= 3 and bits[1] == "as" else sym
+            if _NAME.fullmatch(sym) and _NAME.fullmatch(alias):
+                out[alias] = Imported(alias, mod, dots, sym)
+    for m in _IMPORT.finditer(text):
+        for part in m.group(1).split(","):
+            bits = part.split()
+            if not bits:
+                continue
+            mod = bits[0]
+            if len(bits) >= 3 and bits[1] == "as":
+                out[bits[2]] = Imported(bits[2], mod, 0, None)
+            elif re.fullmatch(r"[\w.]+", mod):
+                out[mod.split(".")[0]] = Imported(mod.split(".")[0], mod.split(".")[0], 0, None)
+    return out
+
+
+def near_names(text: str, offset: int, lines: int = NEAR_LINES) -> list[str]:
+    """Names (and ``a.b`` attribute reads) around the cursor, nearest the cursor first."""
+    lo = offset
+    for _ in range(lines):
+        lo = text.rfind("\n", 0, lo - 1) if lo > 0 else -1
+        if lo < 0:
+            lo = 0
+            break
+    hi = offset
+    for _ in range(4):
+        nl = text.find("\n", hi + 1)
+        if nl < 0:
+            hi = len(text)
+            break
+        hi = nl
+    window = text[lo:hi]
+    cut = offset - lo
+    found = [(abs(m.start() - cut), m.group(0)) for m in re.finditer(r"[A-Za-z_][\w.]*", window)]
+    found.sort(key=lambda x: x[0])
+    return list(dict.fromkeys(n.rstrip(".") for _, n in found))
+
+
+def module_path(index: WorkspaceIndex, imp: Imported, current: str | None) -> str | None:
+    """The indexed file of the module ``imp`` names."""
+    parts = [p for p in imp.module.split(".") if p]
+    if imp.level:
+        if not current:
+            return None
+        base = current.replace("\\", "/").rsplit("/", 1)[0]
+        for _ in range(imp.level - 1):
+            base = base.rsplit("/", 1)[0]
+        stem = "/".join([base, *parts])
+        for cand in (stem + ".py", stem + "/__init__.py"):
+            if cand in index:
+                return cand
+        return None
+    if not parts:
+        return None
+    tail = "/".join(parts)
+    return index.find_module(tail)
+
+
+_TOP = r"^(?:async[ \t]+def|def|class)[ \t]+{name}\b|^{name}[ \t]*(?::[^=\n]*)?="
+
+
+def _block(text: str, name: str) -> str | None:
+    """The top-level definition of ``name`` in ``text``: its lines (the statement and the
+    lines indented under it), or None."""
+    m = re.search(_TOP.format(name=re.escape(name)), text, re.MULTILINE)
+    if m is None:
+        return None
+    start = m.start()
+    lines = text[start:].split("\n")
+    out = [lines[0]]
+    for ln in lines[1:]:
+        if ln.strip() and not ln[:1].isspace() and not ln.lstrip().startswith((")", "]", "}")):
+            break
+        out.append(ln)
+        if len(out) > 400:
+            break
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef, indent: str = "") -> str:
+    kw = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    ret = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""
+    return f"{indent}{kw} {node.name}({ast.unparse(node.args)}){ret}: ..."
+
+
+def _doc_line(node: ast.AST, indent: str) -> list[str]:
+    doc = ast.get_docstring(node, clean=True) if isinstance(
+        node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)) else None
+    first = doc.strip().split("\n", 1)[0].strip() if doc else ""
+    return [f'{indent}"""{first}"""'] if first else []
+
+
+def outline(block: str) -> str | None:
+    """A definition's lines -> its outline (see the module doc); None when they do not parse."""
+    try:
+        tree = ast.parse(textwrap.dedent(block))
+    except (SyntaxError, ValueError):
+        return None
+    if not tree.body:
+        return None
+    node = tree.body[0]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = [_signature(node)]
+        doc = _doc_line(node, "    ")
+        if doc:
+            lines[0] = lines[0][:-5] + ":"
+            lines += doc
+        return "\n".join(lines) + "\n"
+    if isinstance(node, ast.ClassDef):
+        bases = ", ".join([ast.unparse(b) for b in node.bases]
+                          + [ast.unparse(k) for k in node.keywords])
+        lines = [f"class {node.name}({bases}):" if bases else f"class {node.name}:"]
+        lines += _doc_line(node, "    ")
+        for sub in node.body:
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines.append(_signature(sub, "    "))
+            elif isinstance(sub, (ast.Assign, ast.AnnAssign)) and len(lines) < 12:
+                lines.append("    " + ast.unparse(sub).split("\n", 1)[0][:120])
+        if len(lines) == 1:
+            lines.append("    ...")
+        return "\n".join(lines) + "\n"
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return block.split("\n", 1)[0][:200] + "\n"
+    return None
+
+
+class DefinitionFinder:
+    """:func:`definitions` with the outlines cached (thread-safe)."""
+
+    def __init__(self, index: WorkspaceIndex, cache: int = 512) -> None:
+        self.index = index
+        self.cache_size = cache
+        self._cache: OrderedDict[tuple[str, str, int], str | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def outline_of(self, path: str, name: str) -> str | None:
+        text = self.index.file_text(path)
+        if text is None:
+            return None
+        key = (path, name, hash(text))
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        block = _block(text, name)
+        got = outline(block) if block is not None else None
+        if got is not None and len(got) > MAX_CHARS:
+            got = got[:MAX_CHARS].rsplit("\n", 1)[0] + "\n"
+        with self._lock:
+            self._cache[key] = got
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return got
+
+    def find(self, text: str, offset: int, path: str | None, *, limit: int = MAX_DEFS
+             ) -> list[Definition]:
+        """The definitions of the imported names used near the cursor, nearest use first."""
+        imps = imports(text)
+        if not imps:
+            return []
+        out: list[Definition] = []
+        seen: set[tuple[str, str]] = set()
+        for used in near_names(text, offset):
+            head, _, attr = used.partition(".")
+            imp = imps.get(head)
+            if imp is None:
+                continue
+            for mod, target in self._candidates(imp, head, used, attr, path):
+                if (mod, target) in seen:
+                    break
+                got = self.outline_of(mod, target)
+                if got:
+                    seen.add((mod, target))
+                    out.append(Definition(mod, target, got))
+                    break
+            if len(out) >= limit:
+                break
+        return out
+
+    def _candidates(self, imp: Imported, head: str, used: str, attr: str, path: str | None
+                    ) -> list[tuple[str, str]]:
+        """(file, name) pairs where the definition of ``used`` may be, most likely first."""
+        first = attr.split(".")[0] if attr else ""
+        tries: list[tuple[Imported, str]] = []
+        if imp.symbol is not None:  # from M import S: S defined in M, or M.S a module
+            tries.append((Imported(head, imp.module, imp.level, None), imp.symbol))
+            if first:
+                sub = f"{imp.module}.{imp.symbol}".strip(".")
+                tries.append((Imported(head, sub, imp.level, None), first))
+        elif imp.module != head:  # import a.b as c: c.x is x in a.b
+            if first:
+                tries.append((Imported(head, imp.module, 0, None), first))
+        else:  # import a.b: a.b.x is x in a.b (or b in a)
+            parts = used.split(".")
+            for k in range(len(parts) - 1, 0, -1):
+                tries.append((Imported(head, ".".join(parts[:k]), 0, None), parts[k]))
+        out = []
+        for where, name in tries:
+            mod = module_path(self.index, where, path)
+            if mod is not None and mod != path:
+                out.append((mod, name))
+        return out
