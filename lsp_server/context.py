@@ -49,6 +49,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from . import languages
+
 EncodeBatch = Callable[[list[str]], list[list[int]]]
 """texts -> token ids of each text (no special tokens): the model's tokenizer."""
 
@@ -56,41 +58,10 @@ CHARS_PER_TOKEN_BOUND = 8
 LINE_WINDOW_CHARS = 4000
 """How far the cursor line prefix/suffix is looked at for post-processing."""
 
-_LINE_COMMENT: dict[str, str] = {
-    **dict.fromkeys(
-        ("python", "shellscript", "sh", "bash", "ruby", "perl", "r", "yaml", "toml",
-         "makefile", "dockerfile", "elixir", "julia", "nim", "powershell", "coffeescript"),
-        "#",
-    ),
-    **dict.fromkeys(
-        ("c", "cpp", "csharp", "java", "javascript", "javascriptreact", "typescript",
-         "typescriptreact", "go", "rust", "swift", "kotlin", "scala", "dart", "php",
-         "objective-c", "zig", "groovy", "jsonc", "proto"),
-        "//",
-    ),
-    **dict.fromkeys(("lua", "sql", "haskell", "ada", "elm"), "--"),
-    **dict.fromkeys(("lisp", "clojure", "scheme", "emacs-lisp", "racket", "commonlisp"), ";;"),
-    **dict.fromkeys(("tex", "latex", "erlang", "matlab"), "%"),
-    "vim": '"',
-}
-_EXT_LANG = {
-    "py": "python", "pyi": "python", "sh": "sh", "bash": "sh", "rb": "ruby", "pl": "perl",
-    "yaml": "yaml", "yml": "yaml", "toml": "toml", "c": "c", "h": "c", "cc": "cpp", "cpp": "cpp",
-    "hpp": "cpp", "cs": "csharp", "java": "java", "js": "javascript", "jsx": "javascript",
-    "mjs": "javascript", "ts": "typescript", "tsx": "typescript", "go": "go", "rs": "rust",
-    "swift": "swift", "kt": "kotlin", "scala": "scala", "dart": "dart", "php": "php",
-    "lua": "lua", "sql": "sql", "hs": "haskell", "el": "emacs-lisp", "clj": "clojure",
-    "lisp": "lisp", "scm": "scheme", "tex": "tex", "erl": "erlang", "vim": "vim",
-    "zig": "zig", "jl": "julia", "r": "r", "ex": "elixir", "exs": "elixir",
-}
-
-
 def comment_prefix(language: str | None, path: str | None = None) -> str:
-    """Line-comment marker for a language id (LSP ``languageId``) or file extension."""
-    lang = (language or "").lower()
-    if lang not in _LINE_COMMENT and path and "." in path:
-        lang = _EXT_LANG.get(path.rsplit(".", 1)[-1].lower(), "")
-    return _LINE_COMMENT.get(lang, "#")
+    """Line-comment marker for a language id (LSP ``languageId``) or file extension (the one
+    table of per-language facts: :mod:`.languages`)."""
+    return languages.comment_prefix(language, path)
 
 
 @dataclass(frozen=True)

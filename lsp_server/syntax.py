@@ -13,7 +13,10 @@ accepted when an indented ``pass`` after that line makes the buffer parse again.
 
 When the buffer does not parse already (the user is in the middle of typing, which
 is the common case mid-line), nothing is filtered: there is no baseline to protect.
-Other languages: not checked here.
+Other languages: judged on their tree-sitter tree (:mod:`.treesitter`, the same rule: a
+suggestion is dropped when the code where it lands has no error and has one with it), for
+those whose grammar wheel is installed (:mod:`.languages` lists them); the others are not
+checked. Everything below is the Python path, unchanged by the other languages.
 
 **Buffers of any size are checked** around the cursor. Over :data:`MAX_CHARS` characters the
 whole buffer is never parsed (a 5 MB file costs ~1 s a parse): the segment around the cursor
@@ -47,6 +50,8 @@ import functools
 import re
 import warnings
 from itertools import accumulate
+
+from . import treesitter
 
 MAX_CHARS = 300_000
 PYTHON_IDS = ("python",)
@@ -257,6 +262,9 @@ class SyntaxGuard:
     def __init__(self, text: str, offset: int, *, language: str | None, path: str | None = None) -> None:
         self.text, self.offset = text, offset
         self.applies = is_python(language, path)
+        lang = None if self.applies else treesitter.language_for(language, path)
+        self.tree_guard = None if lang is None else treesitter.TreeGuard(text, offset, lang, key=path)
+        """The judge for a language other than Python (None: Python, or no grammar: text rules)."""
         self.huge = len(text) > MAX_CHARS  # judged on the segment alone (module doc)
         self._segments: dict[tuple[bool, int | None], tuple[int, int, int] | None] = {}
 
@@ -325,6 +333,8 @@ class SyntaxGuard:
         Judged on the innermost clean cut whose block holds every line the edit writes;
         when the edited cut does not parse, on one sibling statement more on each side;
         the whole-buffer rule when there is no clean cut."""
+        if self.tree_guard is not None:
+            return self.tree_guard.keeps(insert, replace_right)
         if not self.applies or not insert:
             return True
         need = self.written_indent(insert, replace_right)
@@ -341,6 +351,8 @@ class SyntaxGuard:
     def keeps_whole(self, insert: str, replace_right: int = 0) -> bool:
         """The reference rule on the whole buffer (slow on large files; never run on a huge
         one, which it keeps: module doc)."""
+        if self.tree_guard is not None:
+            return self.tree_guard.keeps_whole(insert, replace_right)
         if not self.applies or not insert or self.huge:
             return True
         if parses(apply(self.text, self.offset, insert, replace_right)):
