@@ -98,7 +98,7 @@ from aiohttp import web
 from msgspec import Meta
 
 from .completer import Completer
-from .context import Snippet, comment_prefix
+from .context import Snippet
 
 if TYPE_CHECKING:
     from .http_server import FillResult, HttpFront
@@ -223,9 +223,9 @@ def llama_error(err: RequestError, rid: str) -> Reply:
 class TokenCache:
     """Token ids of the extra-context blocks (which repeat from request to request), least
     recently used out first, bounded in entries and characters, thread-safe. Only texts
-    that are extra-context blocks of the request at hand, or headers made of them, are
-    kept (the cursor's own windows change with every keystroke); :meth:`view` gives one
-    request's tokenizer, counting the token ids it was served from the cache."""
+    that are extra-context blocks of the request at hand are kept (the cursor's own
+    windows change with every keystroke); :meth:`view` gives one request's tokenizer,
+    counting the token ids it was served from the cache."""
 
     def __init__(self, encode_batch: Callable[[list[str]], list[list[int]]], *,
                  max_entries: int = 1024, max_chars: int = 4_000_000) -> None:
@@ -275,22 +275,18 @@ class TokenCache:
     def view(self, snippets: Sequence[Snippet]
              ) -> tuple[Callable[[list[str]], list[list[int]]], list[int]]:
         """(a tokenizer for one request with these extra chunks, its counter of token ids
-        served from the cache). The blocks are written as :func:`.context.build_header`
-        writes them; were that format to change, the cache would only miss."""
-        blocks = set()
+        served from the cache). A text is kept when it is one chunk's block as the context
+        builder writes it, whatever the family's format: the chunk's whole text after a
+        short line naming its path (``# path: p``, ``<|file_sep|>p``)."""
+        bodies = {}
         for sn in snippets:
             body = sn.text if sn.text.endswith("\n") else sn.text + "\n"
-            blocks.add(f"{comment_prefix(sn.language, sn.path)} path: {sn.path}\n{body}")
-        by_head = {b.split("\n", 1)[0]: b for b in blocks}
+            bodies.setdefault(body, set()).add(sn.path)
 
-        def keep(text: str) -> bool:  # a block, or blocks one after the other
-            rest = text
-            while rest:
-                block = by_head.get(rest.split("\n", 1)[0])
-                if block is None or not rest.startswith(block):
-                    return False
-                rest = rest[len(block):]
-            return True
+        def keep(text: str) -> bool:
+            head, nl, rest = text.partition("\n")
+            paths = bodies.get(rest) if nl else None
+            return bool(paths) and len(head) <= 512 and any(p in head for p in paths)
 
         counter = [0]
         return (lambda texts: self.encode_batch(texts, counter, keep)), counter

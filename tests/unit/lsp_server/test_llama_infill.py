@@ -194,10 +194,11 @@ def test_token_cache_keeps_only_extra_context_blocks(backend):
     snippets = [Snippet("a.py", "x = 1\n"), Snippet("b.py", "y = 2")]
     encode, hits = cache.view(snippets)
     blocks = ["# path: a.py\nx = 1\n", "# path: b.py\ny = 2\n"]
-    texts = [*blocks, "".join(blocks), "def cursor_window():\n    pass\n"]
+    qwen = "<|file_sep|>a.py\nx = 1\n"  # the Qwen2.5-Coder repository format of a block
+    texts = [*blocks, qwen, "".join(blocks), "def cursor_window():\n    pass\n"]
     first = encode(texts)
     assert first == backend.encode_batch(texts) and hits == [0]
-    assert len(cache) == 3  # the two blocks and the header made of them; not the window
+    assert len(cache) == 3  # the blocks in either format; not the joined header, not the window
     assert encode(texts) == first and hits[0] == sum(len(x) for x in first[:3])
 
 
