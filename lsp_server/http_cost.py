@@ -15,7 +15,15 @@ shapes:
   (:func:`~diffill.model.engine.default_lengths` of ``max_tokens`` and ``n``);
 * steps: the request's ``steps``, else what the plan picks for its latency budget;
 * a shape beyond the largest measured bucket is priced from that bucket scaled by the
-  canvas length (an estimate, on the high side for attention-light models).
+  canvas length (the bucket's context + the request's hole, over the bucket's canvas).
+
+Measured on the shared 2-core dev box, shipped model, one torch thread, plan measured at
+load (issue 28's report): 16 tokens x 4 steps priced 796 ms, ran 322 ms; 64 x 16 priced
+5674 ms, ran 3024 ms; 128 x 32 priced 13.6 s, ran 11.6 s; 256 x 64 priced 36 s (the
+probe's 24 s request; refused by the CPU default). The price errs high on small holes (the
+plan is timed at three rows with a context bucket of 256) and is close on large ones,
+which are the ones the cap is for; the plan is measured once at load, so on a busy machine
+the prices move with it (two loads differed by 20 %).
 
 Without a plan (the backend is remote, or the model is too small for the smallest
 bucket) nothing is priced and only the field caps apply.
@@ -81,7 +89,7 @@ def price(backend: Any, *, ctx_tokens: int, max_tokens: int, n: int = 1,
     if timing is None:
         return None
     ms = predict_ms(timing, steps, plan.refresh_every, rows)
-    scale = (ctx + max_tokens) / (timing.ctx + timing.hole)
+    scale = (max(ctx, timing.ctx) + max_tokens) / (timing.ctx + timing.hole)
     if scale > 1.0:  # beyond the measured buckets: scaled by the canvas length
         ms *= scale
     return Price(ms=ms, steps=steps, ctx=ctx, hole=max_tokens, rows=rows)
