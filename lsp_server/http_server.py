@@ -191,6 +191,8 @@ class Reply(web.Response):
     completion took), so each request is logged once."""
 
     note: str = ""
+    quiet: bool = False
+    """Logged at DEBUG (llama.vim's idle warm-ups, one a second while the user reads)."""
 
 
 def error_body(err: RequestError) -> bytes:
@@ -344,16 +346,16 @@ def request_id(request: web.BaseRequest) -> str:
 class AccessLog(AbstractAccessLogger):
     """One line per request: peer, method, redacted target, status, size, time,
     request id and the response's note (the error or what the completion took).
-    Health checks at DEBUG (also their 503 while loading), other 5xx at ERROR, the rest
-    at INFO."""
+    Health checks and /infill warm-ups at DEBUG (also health's 503 while loading), other
+    5xx at ERROR, the rest at INFO."""
 
     served: frozenset[str] = frozenset()
     """Model names the log may show in ``/v1/models/<name>`` (set per listener)."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         status = response.status
-        if request.path in HEALTH_PATHS:  # load-balancer probes, 503 while loading
-            level = logging.DEBUG
+        if request.path in HEALTH_PATHS or getattr(response, "quiet", False):
+            level = logging.DEBUG  # load-balancer probes (503 while loading), idle warm-ups
         elif status >= 500:
             level = logging.ERROR
         else:

@@ -439,6 +439,7 @@ class LlamaInfill:
                                               if req.response_fields is not None else answer),
                      content_type="application/json", headers={"X-Request-Id": rid})
         resp.note = f"infill warm-up: {len(snippets)} extra chunks queued for tokenizing"
+        resp.quiet = True
         return resp
 
     def _warm_work(self) -> None:

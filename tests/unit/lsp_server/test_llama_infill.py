@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -165,11 +166,13 @@ async def test_input_extra_reaches_the_models_context(serve, backend):
     assert with_extra["content"] == without["content"] == "total"
 
 
-async def test_idle_warm_up_is_answered_at_once_and_prepares_the_next_request(serve, backend):
+async def test_idle_warm_up_is_answered_at_once_and_prepares_the_next_request(serve, backend,
+                                                                              caplog):
     # every diffusion step takes 0.5 s here: a warm-up that ran the model could not be fast
     slow = LocalBackend(backend.engine, step_delay_s=0.5)
     client, front = await serve(slow, token=TOKEN)
     vim = LlamaVim(client, TOKEN)
+    caplog.set_level(logging.INFO, logger="diffill.http.access")
     before = slow.model_calls
     t0 = time.monotonic()
     status, out = await vim.ring_update(CHUNKS)
@@ -182,6 +185,8 @@ async def test_idle_warm_up_is_answered_at_once_and_prepares_the_next_request(se
         await asyncio.sleep(0.02)
     assert len(front.llama.cache) >= len(CHUNKS)
     assert slow.model_calls == before and front.counters["infill_warmups"] == 1
+    # one a second while the user reads: logged at DEBUG, not INFO
+    assert not [r for r in caplog.records if r.name == "diffill.http.access"]
     status, out = await vim.fim(ABOVE, CURSOR_LINE, BELOW, CHUNKS, t_max_predict_ms=1000)
     assert status == 200 and out["content"] == "total"
     ref = reference(backend, CHUNKS, 128)
