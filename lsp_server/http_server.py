@@ -30,7 +30,10 @@ Endpoints
 ``GET /v1/models`` and ``GET /v1/models/{model}``
     The served model (``--served-model-name``, default the checkpoint folder's
     name, plus the alias ``diffill``); an unknown id is a 404 ``model_not_found``.
-``GET /health`` and ``GET /healthz``
+``POST /infill`` and ``GET /props``
+    llama-server's fill-in-the-middle contract (llama.vim, llama.vscode), in
+    :mod:`.llama_infill`, over the same request path (:meth:`HttpFront.complete_one`).
+``GET /health``, ``GET /healthz`` and ``GET /v1/health``
     200 ``{"status": "ok", ...}`` once the model is loaded, 503 while loading or
     after a load failure (load balancers take the replica out). Never needs a token.
     Also the limits in force and the counters (requests by outcome, connections
@@ -55,9 +58,13 @@ Serving discipline
 * **Connections** (:class:`_Connection`): the request line and headers must arrive
   within ``header_timeout_s`` of the connection opening (or of the first byte of
   a later request on a kept-alive connection), else 408 and the connection is
-  closed; a kept-alive connection idle for ``idle_timeout_s`` is closed; beyond
-  ``max_connections`` open connections a new one gets 503 and is closed. Each is
-  counted (``closed_header_timeout``, ``closed_idle``, ``rejected_connections``).
+  closed; a kept-alive connection idle for ``idle_timeout_s`` is closed. At
+  ``max_connections`` open connections a new one makes room (:meth:`HttpFront.make_room`):
+  connections whose peer already left are dropped, then the longest-waiting connection
+  with no request in progress is closed, never-authenticated ones first; only when every
+  connection is busy is the newcomer refused with 503. Each is counted
+  (``closed_header_timeout``, ``closed_idle``, ``closed_peer_gone``,
+  ``evicted_connections``, ``rejected_connections``).
 * **Admission before the body**: the token, the model's readiness and a queue slot
   are checked from the headers, before a byte of the body is read: a stranger or a
   full server costs no buffering. At most ``max_queue`` requests are admitted
@@ -68,7 +75,9 @@ Serving discipline
   ``max_body_bytes`` get 413 (checked on ``Content-Length`` and while reading).
 * **Caps on cost**: ``steps`` above ``max_request_steps`` and ``max_tokens`` above
   ``max_request_tokens`` (lowered at load to what the model's positions hold) are a
-  400 naming the field. Malformed JSON, wrong types, out-of-range values: 400 naming
+  400 naming the field; and every request is priced from the step plan before it runs
+  (:mod:`.http_cost`): over ``max_request_ms`` of predicted model time it is a 400
+  ``request_too_costly``. Malformed JSON, wrong types, out-of-range values: 400 naming
   the field (``error.param``), validated by msgspec Structs.
 * With a token configured, ``/v1/*`` needs ``Authorization: Bearer <token>``
   (401 otherwise; the SHA-256 digests are compared in constant time, so neither the
@@ -81,8 +90,10 @@ Serving discipline
   bad header, unknown route 404, 405 with ``Allow``, a CORS preflight), is JSON in
   the OpenAI error shape, and every request is one access-log line (status, request
   id, the error code and message, no traceback). The log never holds the token:
-  query values are redacted, header values never logged, prompts and completions
-  only with ``debug_log_buffers``. ``X-Request-Id`` is echoed back (generated when
+  query values and keys (but the usual credential names) and path segments other than
+  the routes' words are redacted (:func:`log_target`), no error repeats a requested
+  model name, header values are never logged, prompts and completions only with
+  ``debug_log_buffers``. ``X-Request-Id`` is echoed back (generated when
   absent or not a short printable string).
 
 Test hook: ``DIFFILL_DEBUG_LOAD_GATE=<path>`` holds the model load (``/health`` says
