@@ -501,3 +501,61 @@ def bench_select_kernel(device: torch.device | str, shapes: Sequence[tuple[int, 
             row["speedup"] = round(row["torch_ms"] / row["triton_ms"], 2)
         out.append(row)
     return out
+
+
+# -- one step, variants side by side ------------------------------------------------------------
+
+
+def step_variants(bm: BenchModel, *, ctx: int = 256, hole: int = 32, candidates: int = 3,
+                  drafts: int = 1, repeats: int = 2,
+                  variants: Sequence[str] = ("row", "request"),
+                  models: dict[str, Any] | None = None,
+                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One refinement step of one request (``ctx`` context tokens, ``candidates`` lengths
+    halving down from ``hole``, plus ``drafts`` rows of the longest length, all masked: the
+    first step of an editor's request), timed per variant, the variants interleaved
+    (ABAB...) so that a busy machine weighs on all alike. Variants: ``row`` (every row's
+    whole canvas: the exact path), ``request`` (one context per request,
+    :class:`~diffill.model.cache.SharedContext`); ``models`` adds ``name -> model`` (e.g. the
+    int8 weights) run with the shared context. Per variant: fastest and median ms; ratios
+    against the first variant's fastest."""
+    from ..model.cache import SharedContext  # bench-only: the cache's step wrapper
+    from ..model.sampler import SpecialIds, StepSpec, build_canvas, denoise_step, initial_state
+
+    log = log or (lambda s: None)
+    cfg, dev = bm.config, bm.device
+    lengths = list(_lengths(hole, candidates))[::-1] + [hole] * drafts
+    pre, suf = request_for(cfg, ctx)
+    cv = build_canvas(cfg, pre, suf, lengths, dev)
+    sp = SpecialIds.from_config(cfg)
+    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits)
+    runs: dict[str, Callable[[], Any]] = {}
+    for v in variants:
+        if v == "row":
+            runs[v] = lambda: denoise_step(bm.model, cv, initial_state(cv), 2, spec)
+        elif v == "request":
+            runs[v] = lambda: denoise_step(SharedContext(bm.model, cv, shift=cfg.shift_logits,
+                                                         refresh_every=1),
+                                           cv, initial_state(cv), 2, spec)
+        else:
+            raise ValueError(f"unknown step variant {v!r}")
+    for name, m in (models or {}).items():
+        runs[name] = lambda m=m: denoise_step(SharedContext(m, cv, shift=cfg.shift_logits,
+                                                            refresh_every=1),
+                                              cv, initial_state(cv), 2, spec)
+    ms: dict[str, list[float]] = {k: [] for k in runs}
+    with torch.inference_mode():
+        for fn in runs.values():  # warm-up, untimed
+            fn()
+        for _ in range(repeats):
+            for k, fn in runs.items():
+                ms[k].append(timed(fn, dev, 1, 0)[0])
+                log(f"step {k}: {ms[k][-1]:.0f} ms")
+    first = next(iter(runs))
+    out = {"ctx": ctx, "hole": hole, "lengths": lengths, "rows": len(lengths),
+           "repeats": repeats, "load_average": [round(x, 2) for x in os.getloadavg()],
+           "variants": {}}
+    for k, xs in ms.items():
+        out["variants"][k] = {"min_ms": round(min(xs), 1), "median_ms": round(statistics.median(xs), 1),
+                              "speedup_vs_" + first: round(min(ms[first]) / min(xs), 2)}
+    return out

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -131,6 +132,10 @@ def bucket_shape(L: int, T: int, N: int) -> tuple[int, int, int]:
 
 
 DEFAULT_CANDIDATES = 3
+
+CONTEXT_ENV = "DIFFILL_CONTEXT"
+"""``request`` / ``row``: what ``EngineOptions(context='auto')`` means in this process (for a
+side-by-side run of any command; unset: per request on a CPU)."""
 
 
 def default_lengths(max_tokens: int, candidates: int = 1) -> tuple[int, ...]:
@@ -256,10 +261,14 @@ class Engine:
     @property
     def shared_context(self) -> bool:
         """Whether a request's rows share one context (EngineOptions.context): 'auto' is
-        per request on a CPU, for a model that takes a KV context, outside CUDA graphs."""
+        ``DIFFILL_CONTEXT`` (``request`` / ``row``) when set, else per request on a CPU, for a
+        model that takes a KV context, outside CUDA graphs."""
         c = self.options.context
         if c == "auto":
-            c = "request" if self.device.type == "cpu" and not self.options.cuda_graphs else "row"
+            c = os.environ.get(CONTEXT_ENV, "").strip() or (
+                "request" if self.device.type == "cpu" and not self.options.cuda_graphs else "row")
+            if c not in ("request", "row"):
+                raise ValueError(f"{CONTEXT_ENV}={c!r}: expected 'request' or 'row'")
         return c == "request" and supports_shared_context(self.model)
 
     @property

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import errno
 import json
+import math
+import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ from safetensors import safe_open
 from torch.overrides import TorchFunctionMode
 
 from .config import ConfigError, ModelConfig, read_config
+from .quant import quantize_model, resolve_weights
 from .recipes import CheckpointFacts, RecipeError, choose_recipe, resolve_recipe
 from .runtime import ensure_cpu_threads
 from .tokenizer import Tokenizer, TokenizerError
@@ -104,6 +107,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     files: list[Path] = field(default_factory=list)
+    weights: str = "fp32"  # "fp32" (``dtype``) or "int8" (model.quant; CPU)
 
     @property
     def num_parameters(self) -> int:
@@ -290,12 +294,15 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 
 def _read_tensors(
-    plan: dict[str, _Entry], device: torch.device, dtype: torch.dtype, out: dict[str, torch.Tensor]
+    plan: dict[str, _Entry], device: torch.device, dtype: torch.dtype, out: dict[str, torch.Tensor],
+    mapped: frozenset[str] = frozenset(),
 ) -> None:
     """Read each planned tensor from its memory-mapped file into ``out`` (Transformer
     name -> tensor), converted to ``dtype`` on ``device`` one at a time, so the peak
     is the model plus one tensor. Tensors are read straight onto CUDA when the target
-    is CUDA; on CPU each is copied out of the map into the process's own memory."""
+    is CUDA; on CPU each is copied out of the map into the process's own memory, except the
+    ``mapped`` ones: those stay views of the map in the file's own dtype (the int8 weights
+    are made from them during the load, and the views let go)."""
     by_file: dict[Path, list[str]] = {}
     for target, e in plan.items():
         by_file.setdefault(e.file, []).append(target)
@@ -312,11 +319,16 @@ def _read_tensors(
             with safe_open(str(path), framework="pt", device=st_device) as f:
                 for target in targets:
                     t = f.get_tensor(plan[target].ckpt_name)
+                    if target in mapped and st_device == "cpu":
+                        out[target] = t
+                        continue
                     out[target] = t.to(device=device, dtype=dtype, copy=private_copy)
                     del t
         except Exception as e:
             raise CheckpointError(f"{path}: failed while reading tensor data ({e})") from e
 
+
+_BLOCK_LINEAR = re.compile(r"^layers\.\d+\.(self_attn|mlp)\.[a-z_]+_proj\.weight$")
 
 # In-place initialisers that nn.Module constructors call (nn.init.* and the tensor methods
 # they end in). On a meta tensor they have nothing to fill, yet some of them (normal_ on
@@ -359,20 +371,27 @@ def _materialise(
     device: torch.device,
     dtype: torch.dtype,
     folder: Path,
+    weights: str = "fp32",
 ) -> Transformer:
     """Build the Transformer on the meta device (:func:`_skeleton`) and assign the
     checkpoint's tensors to it, so every weight is allocated once. On any failure,
     everything built here is released (locals dropped, traceback frames cleared)
-    before raising."""
+    before raising. ``weights='int8'``: the blocks' linear weights are read from the map as
+    they are and made int8 (:func:`~.quant.quantize_model`), never widened to a full copy."""
     state: dict[str, torch.Tensor] = {}
     model: Transformer | None = None
     try:
         model = _skeleton(cfg)
-        _read_tensors(plan, device, dtype, state)
+        mapped = frozenset(n for n in plan if _BLOCK_LINEAR.match(n)) if weights == "int8" \
+            else frozenset()
+        _read_tensors(plan, device, dtype, state, mapped)
         model.load_state_dict(state, strict=True, assign=True)
+        state.clear()
         leftover = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
         if leftover:
             raise CheckpointError(f"{folder}: no data for {', '.join(leftover[:5])}")
+        if weights == "int8":
+            quantize_model(model)
     except Exception as e:
         model = None
         state.clear()
@@ -478,6 +497,7 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
     recipe: str | None = None,
+    weights: str | None = None,
 ) -> LoadedModel:
     """Load a checkpoint folder and return the resident model.
 
@@ -490,6 +510,10 @@ def load_model(
         (see :func:`resolve_dtype`); or an explicit ``torch.dtype`` / name.
     recipe: name of a family recipe (:data:`.recipes.RECIPE_NAMES`) to use instead of the
         one chosen from the checkpoint.
+    weights: ``auto`` | ``fp32`` | ``int8`` (None: ``DIFFILL_WEIGHTS``, else ``auto``):
+        int8 matmuls for the blocks and the head on a CPU (:mod:`.quant`; ``auto``: for
+        models of 100M parameters and more); fp32 keeps ``dtype``. int8 implies a float32
+        ``dtype`` for what stays floating point (embedding, norms).
 
     Raises CheckpointError, ConfigError, TokenizerError or RecipeError (all ValueError)
     whose message names the file and the field or tensor at fault.
@@ -517,12 +541,19 @@ def load_model(
     cfg, dialect, tok, files, plan = _validate(folder, recipe)
     provenance = getattr(dialect, "provenance", None)
     provenance = dict(provenance) if isinstance(provenance, dict) else {}
+    params = sum(math.prod(e.shape) for e in plan.values())
+    w = resolve_weights(weights, device=dev, params=params) if dev.type == "cpu" else \
+        resolve_weights(weights or "fp32", device=dev, params=params)
     target_dtype = resolve_dtype(cfg, dev, dtype)
+    if w == "int8" and target_dtype != torch.float32:
+        if dtype is not None:
+            raise ValueError(f"weights 'int8' keeps float32 around the int8 matmuls, not {dtype}")
+        target_dtype = torch.float32
     # diffill's CPU thread default (as Engine applies it) before the weights are copied out
     # of the map: with torch's own one-thread-per-core, each copy is a parallel region
     # that waits for a descheduled thread on a busy machine (16 MB took ~0.3 s, not ~10 ms).
     ensure_cpu_threads(dev)
-    model = _materialise(cfg, plan, dev, target_dtype, folder)
+    model = _materialise(cfg, plan, dev, target_dtype, folder, w)
     return LoadedModel(
         model=model,
         tokenizer=tok,
@@ -532,4 +563,5 @@ def load_model(
         device=dev,
         dtype=target_dtype,
         files=files,
+        weights=w,
     )

@@ -151,6 +151,9 @@ class Transformer(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        #: an int8 copy of the head (model.quant.quantize_model), used instead when set
+        self.int8_head: nn.Module | None = None
+        self.weights = "fp32"  # or "int8" (model.quant.quantize_model)
 
     # -- pieces ---------------------------------------------------------------------------
     @property
@@ -159,6 +162,8 @@ class Transformer(nn.Module):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., D] -> logits [..., V]. Apply only where logits are needed."""
+        if self.int8_head is not None:
+            return self.int8_head(hidden)
         return F.linear(hidden, self.head_weight)
 
     def forward_hidden(

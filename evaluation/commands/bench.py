@@ -89,6 +89,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--budget-ms", type=float, default=None,
                    help="latency budget for --plan (default: the device's, 25 ms on a GPU, "
                         "200 ms on a CPU)")
+    p.add_argument("--step-variants", action="store_true",
+                   help="instead of the grid: one first step of an editor-shaped request "
+                        "(--ctx context, --candidates lengths halving from the largest --holes, "
+                        "--drafts rows) timed per variant, interleaved: every row's whole "
+                        "canvas (exact) vs one context per request (the CPU default)")
+    p.add_argument("--drafts", type=int, default=1, metavar="N",
+                   help="draft rows for --step-variants (default 1)")
+    p.add_argument("--vs-llamacpp", action="store_true",
+                   help="NOT IMPLEMENTED: the llama.cpp side-by-side (needs llama-cpp-python)")
     p.add_argument("--json", default=None, metavar="FILE", help="write all results as JSON")
     p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of latency vs steps")
     p.add_argument("--quick", action="store_true", help="tiny grid for CI smoke runs")
@@ -141,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
+    if args.vs_llamacpp:
+        print("diffill bench: --vs-llamacpp is not implemented yet (llama-cpp-python is not a "
+              "dependency; issue 25.5)", file=sys.stderr)
+        return 2
     opts = _options(args)
     try:
         bm = bench.load_bench_model(args.model, device, dtype)
@@ -149,6 +162,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log(f"model {bm.name} on {bm.device} {bm.dtype}")
     opts.kernel_shapes = _kernel_shapes(args, bm.config.vocab_size, opts)
+    if args.step_variants:
+        res = bench.step_variants(bm, ctx=opts.ctx[0], hole=max(opts.holes),
+                                  candidates=args.candidates or 3, drafts=args.drafts,
+                                  repeats=args.repeats or 2, log=log)
+        print(json.dumps(res, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=2))
+        return 0
     result = bench.run_bench(bm, opts, log=log)
     if args.plan:
         budget = StepBudget(bm.device.type, args.budget_ms)  # None: the device's default

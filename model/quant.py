@@ -1,0 +1,118 @@
+"""int8 weights for CPU inference: per-output-channel weights, int8 matmuls.
+
+A step of a 0.5B model on a CPU is compute-bound (hundreds of canvas tokens per step, not
+one), so a weight-only scheme that widens the int8 weights back to fp32 before the matmul
+saves memory but no time. What runs instead is torch's own dynamic-quantized linear
+(``torch.ops.quantized.linear_dynamic``, FBGEMM on x86): weights int8 per output channel
+(symmetric, scale = max |w| / 127 per row, packed once at load), activations quantized per
+call (per tensor, 7-bit range on x86 so that FBGEMM's 8-bit products cannot saturate),
+int32 accumulation, fp32 out. Measured against the candidates on a 2-core AVX2 EPYC
+(BENCHMARKS.md, *int8 weights on a CPU*): ``aten._weight_int8pack_mm`` and ``torch._int_mm``
+have no fast CPU kernel here (50-100x slower than fp32), bf16 matmuls without native bf16
+(no avx512_bf16 / amx) are ~10x slower than fp32.
+
+:func:`quantize_model` swaps every linear layer of the transformer blocks for an
+:class:`Int8Linear` and, with ``head=True``, gives the (tied or not) LM head an int8 copy;
+the embedding table stays in floating point (a lookup, not a matmul).
+
+:func:`resolve_weights` is the one ``weights`` rule (``auto`` | ``fp32`` | ``int8``); the loader
+applies it (``load_model(weights=...)``, ``DIFFILL_WEIGHTS``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+WEIGHTS = ("auto", "fp32", "int8")
+WEIGHTS_ENV = "DIFFILL_WEIGHTS"
+AUTO_INT8_PARAMS = 100_000_000
+"""``auto`` quantizes on a CPU from this many parameters up (module doc of :func:`resolve_weights`)."""
+
+
+def int8_available() -> bool:
+    """Whether torch has the dynamic int8 linear on this build (FBGEMM or oneDNN/x86)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines or \
+        "x86" in torch.backends.quantized.supported_engines
+
+
+def resolve_weights(weights: str | None, *, device: torch.device | str, params: int) -> str:
+    """``fp32`` or ``int8``: ``weights`` if given (else ``DIFFILL_WEIGHTS``, else ``auto``);
+    ``auto`` is int8 on a CPU for a model of at least :data:`AUTO_INT8_PARAMS` parameters
+    when torch has the int8 kernels (where the matmuls are the step; a few-MB model's step
+    is its small ops and overheads, and int8 only adds the activation quantization), fp32
+    otherwise. int8 is CPU-only."""
+    w = (weights or os.environ.get(WEIGHTS_ENV, "").strip() or "auto").lower()
+    if w not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {w!r}")
+    cpu = torch.device(device).type == "cpu"
+    if w == "int8" and not cpu:
+        raise ValueError("weights 'int8' runs on a CPU only (CUDA keeps the checkpoint's dtype)")
+    if w == "int8" and not int8_available():
+        raise ValueError("weights 'int8': this torch build has no quantized CPU engine")
+    if w == "auto":
+        w = "int8" if cpu and params >= AUTO_INT8_PARAMS and int8_available() else "fp32"
+    return w
+
+
+def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] (any float dtype) -> (int8 [N, K], scale [N] fp32): symmetric per output
+    channel, ``w ~ q * scale``. A zero row gets scale 1 (its codes are all 0)."""
+    wf = w.float()
+    scale = wf.abs().amax(1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+class Int8Linear(nn.Module):
+    """``y = x W^T + b`` with W int8 per output channel, run by torch's dynamic-quantized
+    linear. Input and output fp32 of any leading shape."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        q, scale = quantize_per_channel(weight)
+        with warnings.catch_warnings():  # torch marks quantized tensors deprecated (2.13);
+            warnings.simplefilter("ignore", UserWarning)  # the packed op below is what runs
+            qw = torch._make_per_channel_quantized_tensor(
+                q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
+        b = None if bias is None else bias.detach().float().contiguous()
+        self._packed = torch.ops.quantized.linear_prepack(qw, b)
+        self.bias_present = b is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(),
+                                               self._packed, True)
+        return y.view(*shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the int8 codes stand for, fp32 [N, K] (tests, error reports)."""
+        w, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return w.dequantize()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"bias={self.bias_present}, int8 per channel"
+
+
+def quantize_model(model: Any, *, head: bool = True) -> Any:
+    """Replace, in place, every ``nn.Linear`` inside ``model.layers`` by an
+    :class:`Int8Linear` (its fp32 weight is let go) and, with ``head``, give the model an
+    int8 head (``model.int8_head``, used by ``Transformer.head``). Returns ``model``."""
+    for block in model.layers:
+        for parent in block.modules():
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, Int8Linear(child.weight.data, child.bias))
+    if head:
+        model.int8_head = Int8Linear(model.head_weight.data)
+        if model.lm_head is not None:  # untied: the fp32 head is no longer read
+            model.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+    model.weights = "int8"
+    return model

@@ -1,0 +1,99 @@
+"""int8 weights (model/quant.py) against the fp32 model they come from: per-layer and
+logits error within tolerances, argmax agreement, the weights rule and the loader path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffill.model.loader import load_model
+from diffill.model.quant import (
+    AUTO_INT8_PARAMS,
+    Int8Linear,
+    int8_available,
+    quantize_model,
+    quantize_per_channel,
+    resolve_weights,
+)
+from diffill.model.sampler import SamplerConfig, infill
+from safetensors.torch import load_file, save_file
+from support import tiny_config, tiny_model, write_diffill_checkpoint
+
+pytestmark = pytest.mark.skipif(not int8_available(), reason="no quantized CPU engine")
+
+
+def test_per_channel_codes_reconstruct_the_weight():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(37, 19, generator=g) * torch.linspace(0.01, 3, 37)[:, None]
+    w[5] = 0
+    q, s = quantize_per_channel(w)
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= 127 and s[5] == 1
+    err = (q.float() * s[:, None] - w).abs()
+    assert bool((err <= s[:, None] / 2 + 1e-7).all())  # half a step per channel at most
+
+
+def test_int8_linear_is_close_to_fp32():
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(64, 48, generator=g) * 0.1, torch.randn(64, generator=g)
+    x = torch.randn(2, 5, 48, generator=g)
+    lin = Int8Linear(w, b)
+    ref = torch.nn.functional.linear(x, w, b)
+    with torch.inference_mode():
+        y = lin(x)
+    assert y.shape == ref.shape
+    assert (y - ref).abs().max() < 0.03 * ref.abs().max()
+    assert torch.allclose(lin.dequantized(), w, atol=float(w.abs().amax()) / 127)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantized_model_logits_stay_close(tied):
+    model, cfg = tiny_model(0, std=0.05, tie_embeddings=tied, qkv_bias=True)
+    ref_model, _ = tiny_model(0, std=0.05, tie_embeddings=tied, qkv_bias=True)
+    quantize_model(model)
+    assert model.weights == "int8" and model.int8_head is not None
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.layers.modules())
+    ids = torch.randint(4, cfg.vocab_size, (3, 40), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        got = model(ids)
+        want = ref_model(ids)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    # the sampler runs on it unchanged
+    res = infill(model, cfg, [5, 6, 7], [8, 9], SamplerConfig(steps=2, lengths=(4,)))
+    assert res and res[0].length == 4
+
+
+def test_weights_rule():
+    assert resolve_weights("fp32", device="cpu", params=10**9) == "fp32"
+    assert resolve_weights("int8", device="cpu", params=10) == "int8"
+    assert resolve_weights("auto", device="cpu", params=AUTO_INT8_PARAMS) == "int8"
+    assert resolve_weights("auto", device="cpu", params=AUTO_INT8_PARAMS - 1) == "fp32"
+    with pytest.raises(ValueError):
+        resolve_weights("int4", device="cpu", params=1)
+    with pytest.raises(ValueError):
+        resolve_weights("int8", device="cuda", params=1)
+
+
+def test_env_names_the_weights(monkeypatch):
+    monkeypatch.setenv("DIFFILL_WEIGHTS", "int8")
+    assert resolve_weights(None, device="cpu", params=1) == "int8"
+    assert resolve_weights("fp32", device="cpu", params=1) == "fp32"  # an explicit one wins
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loader_makes_int8_from_the_files_own_dtype(tmp_path, dtype):
+    """The blocks' weights are quantized from the file as stored (bf16 here too): the result
+    equals quantizing the model loaded in fp32, and the small model stays fp32 under auto."""
+    cfg = tiny_config(max_position_embeddings=64)
+    write_diffill_checkpoint(tmp_path, cfg)
+    f = tmp_path / "model.safetensors"
+    save_file({k: v.to(dtype) for k, v in load_file(str(f)).items()}, str(f))
+    assert load_model(tmp_path).weights == "fp32"  # auto: a few-MB model
+    lm = load_model(tmp_path, weights="int8")
+    assert lm.weights == "int8" and lm.dtype == torch.float32
+    ref = quantize_model(load_model(tmp_path, weights="fp32").model)
+    a = lm.model.layers[0].mlp.up_proj.dequantized()
+    b = ref.layers[0].mlp.up_proj.dequantized()
+    assert torch.equal(a, b)
+    ids = torch.randint(4, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        assert torch.allclose(lm.model(ids), ref(ids), atol=1e-5)
