@@ -19,11 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import languages, treesitter
 from .backends import BACKENDS, Backend, CancelFn, Cancelled, Candidate
 from .context import FimContext, Snippet, build_context, comment_prefix
 from .drafts import Draft, DraftQuery, propose
 from .options import WIRE_NAMES, CompletionOptions, merge_options
-from .postprocess import Processed, dedupe, postprocess
+from .postprocess import AUTO_CLOSED, Processed, dedupe, postprocess
 from .scope import NameCheck
 from .syntax import SyntaxGuard
 
@@ -181,6 +182,8 @@ def finish(
     model-only and draft-seeded candidates alike), at most n. ``drafts``: those the
     candidates' ``draft`` indexes (for ``Suggestion.source``)."""
     comment = comment_prefix(ctx.language)
+    lang = languages.lookup(ctx.language)
+    scoped = lang is not None and lang.name != "python"  # Python: its rules, unchanged
     eol = detect_eol(ctx)
     body = ctx.prefix[ctx.header_chars:]
     scored: list[tuple[Processed, Candidate]] = []
@@ -195,6 +198,8 @@ def finish(
             policy=policy,
             comment=comment,
             eol=eol,
+            scope=scoped,
+            auto_closed=languages.auto_closed(lang) if scoped else AUTO_CLOSED,
         )
         if p is not None and (guard is None or guard.keeps(p.text, p.replace_right)):
             scored.append((p, c))
@@ -300,6 +305,8 @@ class Completer:
         guard = SyntaxGuard(text, offset, language=language, path=path) if o.syntax_check else None
         drafts: list[Draft] | None = None if o.drafts else []
         policy = o.multiline
+        if multiline is None and policy == "auto":  # the tree decides where it can (None: the text rule)
+            multiline = treesitter.multiline_at(text, offset, language, path)
 
         def checked(ctx: FimContext) -> list[Draft]:
             nonlocal drafts

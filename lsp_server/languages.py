@@ -15,8 +15,15 @@ import re
 from dataclasses import dataclass
 
 BRACE_PAIRS = ("()", "[]", "{}", '""', "''")
-_BRACE_OPENER = re.compile(r"[^;{}\s]\s*\{\s*$")
-"""A line ending with ``{`` after a header (not after ``;``, ``{`` or ``}``: a bare block)."""
+_BRACE_OPENER = re.compile(
+    r"(\)|=>|\b(else|try|do|finally|loop|unsafe|async|move)|[=:(,\[]\s*[\w.:<>\[\]*&]*"
+    r"|\breturn\s+[\w.:<>\[\]*&]*)\s*\{\s*$"
+    r"|^\s*(\}\s*)?(\w+\s+)*(class|struct|enum|interface|namespace|impl|trait|mod|fn|func|function|type|"
+    r"union|if|for|while|switch|match|select|module|object|record|extern)\b.*\{\s*$")
+"""A line ending with ``{`` after a block header: a condition or parameter list, an arrow,
+``else``/``try``/``do``..., a statement or declaration keyword (``if``, ``for``, ``class``,
+``fn``...), or an
+assignment or argument (a literal spread over lines); not after a comment or a bare name."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,12 @@ def comment_prefix(language: str | None, path: str | None = None) -> str:
     """Line-comment marker for a language id or file extension ('#' when unknown)."""
     lang = lookup(language, path)
     return lang.comment if lang else "#"
+
+
+def auto_closed(lang: Language) -> frozenset[str]:
+    """The characters editors insert right of the cursor in this language (the closers of its
+    pairs, and spaces between them): a suggestion ending with them replaces them."""
+    return frozenset(p[1] for p in lang.pairs) | {" "}
 
 
 def unclosed(text: str, lang: Language) -> list[str]:

@@ -22,7 +22,11 @@ Rules, applied in this order by :func:`postprocess`:
    are replaced, not duplicated;
 5. brackets: scanning with the openers left open by the prefix, the suggestion
    stops before a closer that has no matching opener, and before a closer that
-   would take an opener the rest of the line still closes;
+   would take an opener the rest of the line still closes; with ``scope`` (the
+   languages of :mod:`.languages` other than Python), it also stops where it
+   would leave the enclosing block: before the line of a closer that takes an
+   opener left open before the cursor's line (it closes more than the cursor's
+   line opened; on the cursor's line itself, before that closer);
 6. empty or whitespace-only results are dropped (``None``).
 
 Bracket and quote scanning is line-based and approximate (strings on one line,
@@ -262,8 +266,29 @@ def first_unbalanced(
     return sc.feed(text, check)
 
 
+def cut_at_scope(text: str, prefix: str, comment: str) -> str:
+    """Stop before a closer that takes an opener left open before the cursor's line (the
+    suggestion would leave the enclosing block): before its line when that is a continuation
+    line, else before the closer."""
+    line_start = prefix.rfind("\n") + 1
+    floor = len(open_brackets(prefix[:line_start], comment).stack)
+    base = open_brackets(prefix, comment)
+    sc = BracketScanner(comment)
+    sc.stack, sc.quote = list(base.stack), base.quote
+
+    def leaves(s: BracketScanner, ch: str, i: int) -> bool:
+        return bool(s.stack) and s.stack[-1] == CLOSERS[ch] and len(s.stack) <= floor
+
+    cut = sc.feed(text, leaves)
+    if cut is None:
+        return text
+    ls = text.rfind("\n", 0, cut) + 1
+    return (text[:ls] if ls else text[:cut]).rstrip()
+
+
 def balance_and_overlap(
-    text: str, line_suffix: str, prefix: str, comment: str
+    text: str, line_suffix: str, prefix: str, comment: str,
+    auto_closed: frozenset[str] = AUTO_CLOSED,
 ) -> tuple[str, int]:
     """Rules 4 (same-line overlap) and 5 (brackets), iterated until stable.
 
@@ -272,7 +297,7 @@ def balance_and_overlap(
     base = open_brackets(prefix, comment)
     while True:
         k = suffix_overlap(text, line_suffix)
-        if k and not set(line_suffix[:k]) <= AUTO_CLOSED:
+        if k and not set(line_suffix[:k]) <= auto_closed:
             text = text[:-k].rstrip()  # tail repeats real text that follows: cut it
             continue
         reserved = closes_count(base.stack, line_suffix[k:], base.quote, comment)
@@ -296,10 +321,14 @@ def postprocess(
     policy: str = "auto",
     comment: str = "#",
     eol: str = "\n",
+    scope: bool = False,
+    auto_closed: frozenset[str] = AUTO_CLOSED,
 ) -> Processed | None:
     """Apply every rule (module doc) to a raw middle. ``prefix`` is the text before the
     cursor (the context window, for brackets and indentation); ``multiline`` overrides
-    ``policy`` when given. Returns None when nothing useful is left."""
+    ``policy`` when given; ``scope``: the scope cut of rule 5; ``auto_closed``: the
+    characters the editor closes by itself in this language (rule 4). Returns None when
+    nothing useful is left."""
     text = strip_trailing_whitespace(raw.rstrip("\ufffd"))
     if "\ufffd" in text:
         return None
@@ -315,7 +344,9 @@ def postprocess(
         text = reindent(text, char, unit)
         text = cut_at_dedent(text, line_prefix)
         text = cut_repeated_line(text, after_line)
-    text, k = balance_and_overlap(text, line_suffix, prefix, comment)
+    if scope:
+        text = cut_at_scope(text, prefix, comment)
+    text, k = balance_and_overlap(text, line_suffix, prefix, comment, auto_closed)
     text = strip_trailing_whitespace(text)
     if not text.strip():
         return None

@@ -31,7 +31,6 @@ import bisect
 import functools
 import importlib
 import threading
-import time
 from collections import OrderedDict
 from typing import Any
 
@@ -42,13 +41,17 @@ try:
 except ImportError:  # pragma: no cover - exercised where the wheel is missing
     _ts = None
 
-DOCUMENTS = 8
-"""How many documents' trees are kept for incremental parsing."""
+DOCUMENTS = 32
+"""How many trees are kept for incremental parsing: documents, and segments (a few a document)."""
 _ANCESTORS = 12
 """How many enclosing nodes are tried as the segment before the top-level run."""
 SEGMENTS = 3
-WHOLE_BUDGET_S = 0.001
-"""What a suggestion every segment rejects may spend on the whole buffer's re-parse (module doc)."""
+BUDGET = 40
+"""Parser work one candidate may spend on one re-parse, in the parser's progress reports (one
+about every 70 bytes parsed anew: ~3 KB), plus one for every 64 bytes it inserts. Counted in
+work, not time, so that a verdict does not depend on how busy the machine is (module doc)."""
+SEGMENT_MAX = 48_000
+"""Bytes: a larger enclosing node is not taken as a segment (its parse would cost too much)."""
 """How many segments, innermost first, an edited buffer is judged on before it is dropped."""
 
 
@@ -115,6 +118,21 @@ def _point(data: bytes, off: int) -> tuple[int, int]:
     return data.count(b"\n", 0, off), off - (data.rfind(b"\n", 0, off) + 1)
 
 
+def _after(point: tuple[int, int], text: bytes) -> tuple[int, int]:
+    """The point after ``text`` written at ``point``."""
+    nl = text.count(b"\n")
+    return (point[0], point[1] + len(text)) if not nl else (point[0] + nl, len(text) - text.rfind(b"\n") - 1)
+
+
+def edit_copy(tree: Any, start: int, start_point: tuple[int, int], old: bytes, new: bytes) -> Any:
+    """A copy of ``tree`` told that ``old``, at byte ``start`` (``start_point``), became ``new``."""
+    t = tree.copy()
+    t.edit(start_byte=start, old_end_byte=start + len(old), new_end_byte=start + len(new),
+           start_point=start_point, old_end_point=_after(start_point, old),
+           new_end_point=_after(start_point, new))
+    return t
+
+
 def _common_prefix(a: bytes, b: bytes) -> int:
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:  # a binary search on slice comparisons (memcmp), not a loop over bytes
@@ -161,7 +179,8 @@ def document_tree(name: str, key: str, data: bytes) -> Any:
         old, old_tree = prev
         p = _common_prefix(old, data)
         s = _common_suffix(old, data, min(len(old), len(data)) - p)
-        tree = edited_tree(name, old_tree, old, data, p, len(old) - s, len(data) - s)
+        edited = edit_copy(old_tree, p, _point(old, p), old[p:len(old) - s], data[p:len(data) - s])
+        tree = parse(name, data, edited)
     with _DOCS_LOCK:
         _DOCS[(name, key)] = (data, tree)
         _DOCS.move_to_end((name, key))
@@ -191,19 +210,21 @@ def _spans_as(root: Any, lo: int, hi: int, kind: str) -> bool:
     return all(c == top or c.is_extra or c.end_byte <= lo for c in root.children)
 
 
-@functools.lru_cache(maxsize=256)
 def errors(node: Any) -> int:
-    """How many ``ERROR`` and ``MISSING`` nodes are under ``node`` (only the subtrees that hold
-    one are visited)."""
-    n, stack = 0, [node]
-    while stack:
-        x = stack.pop()
+    """How many ``ERROR`` and ``MISSING`` nodes are under ``node`` (a cursor walk that skips
+    every subtree holding none)."""
+    if not node.has_error:
+        return 0
+    n, cur = 0, node.walk()
+    while True:
+        x = cur.node
         if x.is_error or x.is_missing:
             n += 1
-            if x.is_missing:
-                continue
-        stack.extend(c for c in x.children if c.has_error)
-    return n
+        if not x.is_missing and x.has_error and cur.goto_first_child():
+            continue
+        while not cur.goto_next_sibling():
+            if not cur.goto_parent():
+                return n
 
 
 def _holds_list(parent: Any) -> bool:
@@ -216,19 +237,54 @@ def _holds_list(parent: Any) -> bool:
         w in parent.type for w in ("block", "body", "program", "statement", "group", "source", "list"))
 
 
-def _standalone_ok(name: str, data: bytes, kind: str | None) -> bool:
-    """Whether ``data`` (with the language's wrap) parses with no error, as one node of type
-    ``kind`` when given. Remembered: a segment repeats across the candidates and keystrokes."""
-    return _judge(name, data, kind)
+class _OverBudget(Exception):
+    pass
+
+
+def bounded_parse(name: str, data: bytes, old: Any, budget: int) -> Any:
+    """``data`` parsed (reusing ``old``, an edited tree, when given); :class:`_OverBudget` after
+    ``budget`` progress reports, the parser reset (else its next parse would resume this one)."""
+    p = parser(name)
+    left = [budget]
+
+    def read(off: int, _point: Any) -> bytes:
+        return data[off:off + 65536]
+
+    def late(_off: int, _err: bool) -> bool:
+        left[0] -= 1
+        return left[0] < 0
+
+    try:
+        if old is None:
+            return p.parse(read, progress_callback=late)
+        return p.parse(read, old, progress_callback=late)
+    except ValueError:  # cancelled
+        p.reset()
+        raise _OverBudget from None
+
+
+@functools.lru_cache(maxsize=64)
+def segment_tree(name: str, data: bytes, kind: str | None, where: str = "") -> Any | None:
+    """The tree of ``data`` parsed on its own (after the language's wrap, before a line end that
+    closes the last statement: Go's terminator) when it has no error and, ``kind`` given, is one
+    node of that type; else None. Remembered: a segment repeats across candidates, and each
+    candidate re-parses its edited segment incrementally from this tree; ``where`` names the
+    segment's place (document, start, type) so that the next keystroke's segment there is
+    parsed incrementally from this one."""
+    wrap = lookup(name).wrap.encode()
+    whole = wrap + data + b"\n"
+    tree = document_tree(name, where, whole) if where else parse(name, whole)
+    root = tree.root_node
+    if root.has_error or (kind is not None and not _spans_as(root, len(wrap), len(wrap) + len(data), kind)):
+        return None
+    return tree
 
 
 def _judge(name: str, data: bytes, kind: str | None) -> bool:
+    """Whether ``data`` parses on its own with no error (as one node of type ``kind`` when given)."""
     wrap = lookup(name).wrap.encode()
-    tree = parse(name, wrap + data + b"\n")  # a line end closes the last statement (Go's terminator)
-    root = tree.root_node
-    if root.has_error:
-        return False
-    return kind is None or _spans_as(root, len(wrap), len(wrap) + len(data), kind)
+    root = parse(name, wrap + data + b"\n").root_node
+    return not root.has_error and (kind is None or _spans_as(root, len(wrap), len(wrap) + len(data), kind))
 
 
 class TreeGuard:
@@ -244,6 +300,11 @@ class TreeGuard:
     @functools.cached_property
     def tree(self) -> Any:
         return document_tree(self.lang.name, self.key, self.data)
+
+    @functools.cached_property
+    def point(self) -> tuple[int, int]:
+        """(row, byte column) of the cursor."""
+        return _point(self.data, self.bo)
 
     @functools.cached_property
     def clean(self) -> bool:
@@ -274,14 +335,16 @@ class TreeGuard:
             if a < lo and hi < b and node.is_named and not node.is_extra and self._whole_lines(a, b) \
                     and not (out and out[-1][:2] == (a, b)):
                 tried += 1
-                if _standalone_ok(self.lang.name, self.data[a:b], node.type):
+                if b - a <= SEGMENT_MAX and segment_tree(self.lang.name, self.data[a:b], node.type,
+                                                         f"{self.key}@{a}:{node.type}"):
                     out.append((a, b, node.type, _holds_list(node.parent)))
             node = node.parent
         if len(out) < SEGMENTS:
             run = self._top_run(lo, hi)
             if run is not None and not (out and out[-1][:2] == run):
                 a, b = run
-                if _standalone_ok(self.lang.name, self.data[a:b], None):
+                if b - a <= SEGMENT_MAX and segment_tree(self.lang.name, self.data[a:b], None,
+                                                         f"{self.key}@{a}"):
                     out.append((a, b, None, True))
         return out
 
@@ -322,40 +385,50 @@ class TreeGuard:
         ins = insert.encode("utf-8", "surrogatepass")
         if not segs:
             return True  # the code around the cursor has errors already (mid-typing): no baseline
-        for a, b, kind, loose in segs:
-            if _judge(self.lang.name, self._edited(a, b, ins, rr), None if loose else kind):
-                return True
+        budget = BUDGET + len(ins) // 64
+        try:
+            for a, b, kind, loose in segs:
+                if self._segment_ok(a, b, kind, loose, ins, rr, budget):
+                    return True
+        except _OverBudget:
+            pass  # the edit makes the parser redo the code after it: judged on the whole buffer
         a, b, kind, loose = segs[-1]
         kind = None if loose else kind
         if self._opens_block_ok(insert, lambda extra: _judge(
                 self.lang.name, self._edited(a, b, ins + extra, rr), kind)):
             return True
-        return self._whole_ok(ins, rr, WHOLE_BUDGET_S, fewer=True)
+        return self._whole_ok(ins, rr, budget, fewer=True)
+
+    def _segment_ok(self, a: int, b: int, kind: str | None, loose: bool, ins: bytes, rr: int,
+                    budget: int) -> bool:
+        """Whether the segment ``[a, b)`` with the edit parses with no error (as one node of type
+        ``kind`` unless ``loose``): re-parsed incrementally from its remembered tree."""
+        name = self.lang.name
+        base = segment_tree(name, self.data[a:b], kind, f"{self.key}@{a}" + (f":{kind}" if kind else ""))
+        wrap = self.lang.wrap.encode()
+        old = wrap + self.data[a:b] + b"\n"
+        new = wrap + self._edited(a, b, ins, rr) + b"\n"
+        start = len(wrap) + self.bo - a
+        t = edit_copy(base, start, _point(old, start), self.data[self.bo:self.bo + rr], ins)
+        root = bounded_parse(name, new, t, budget).root_node
+        if root.has_error:
+            return False
+        return loose or kind is None or _spans_as(root, len(wrap), len(new) - 1, kind)
 
     @functools.cached_property
     def errors(self) -> int:
         """How many error and missing nodes the buffer's tree holds."""
         return errors(self.tree.root_node)
 
-    def _whole_ok(self, ins: bytes, rr: int, budget_s: float, fewer: bool = False) -> bool:
-        """Whether the whole buffer with the edit, re-parsed incrementally within ``budget_s``
-        seconds, has no error, or no more error and missing nodes than the buffer (``fewer``:
+    def _whole_ok(self, ins: bytes, rr: int, budget: int, fewer: bool = False) -> bool:
+        """Whether the whole buffer with the edit, re-parsed incrementally within ``budget``
+        (:func:`bounded_parse`), has no error, or no more error and missing nodes than the buffer (``fewer``:
         fewer; not decided in time: False)."""
         new = self.data[:self.bo] + ins + self.data[self.bo + rr:]
-        t = self.tree.copy()
-        t.edit(start_byte=self.bo, old_end_byte=self.bo + rr, new_end_byte=self.bo + len(ins),
-               start_point=_point(self.data, self.bo), old_end_point=_point(self.data, self.bo + rr),
-               new_end_point=_point(new, self.bo + len(ins)))
-        deadline = time.perf_counter() + budget_s
-
-        def read(off: int, _point: Any) -> bytes:
-            return new[off:off + 65536]
-
-        p = parser(self.lang.name)
+        t = edit_copy(self.tree, self.bo, self.point, self.data[self.bo:self.bo + rr], ins)
         try:
-            tree = p.parse(read, t, progress_callback=lambda _off, _err: time.perf_counter() > deadline)
-        except ValueError:  # cancelled: out of time
-            p.reset()  # else the next parse would resume this one
+            tree = bounded_parse(self.lang.name, new, t, budget)
+        except _OverBudget:
             return False
         if not tree.root_node.has_error:
             return True
@@ -389,3 +462,54 @@ class TreeGuard:
             return not parse(self.lang.name, new[:self.bo + len(ins)] + extra
                              + new[self.bo + len(ins):]).root_node.has_error
         return self._opens_block_ok(insert, judge)
+
+
+# -- the multi-line policy ---------------------------------------------------------------------
+
+_OPEN_BRACKETS = {"(", "[", "{"}
+_EXPRESSION_END = tuple("+-*/%=&|^<>,.?!([")
+
+
+def multiline_at(text: str, offset: int, language: str | None, path: str | None = None) -> bool | None:
+    """The ``auto`` multi-line decision from the tree, for a language whose grammar loads (not
+    Python: its text rule stays): True in an empty block body (``{|}``) or on the line after a
+    block opener (the cursor at its end, or on a blank line below it); False inside parentheses
+    or square brackets (an argument list, a condition, an array, a subscript) or right after an
+    operator or comma (the middle of an expression); None elsewhere (the text rule: several
+    lines at the end of a line)."""
+    lang = language_for(language, path)
+    if lang is None:
+        return None
+    line_start = text.rfind("\n", 0, offset) + 1
+    before = text[line_start:offset]
+    stripped = before.rstrip()
+    data = text.encode("utf-8", "surrogatepass")
+    bo = len(text[:offset].encode("utf-8", "surrogatepass"))
+    tree = document_tree(lang.name, path or lang.name, data)
+    node = tree.root_node.descendant_for_byte_range(bo, bo)
+    up = node
+    while up is not None:
+        if up.start_byte < bo < up.end_byte and ("string" in up.type or "comment" in up.type):
+            return None  # in a string or a comment: the text rule
+        up = up.parent
+    if stripped.endswith(_EXPRESSION_END) and not stripped.endswith(("=>", "->", "++", "--")):
+        return False  # the middle of an expression, an argument list
+    while node is not None and node.parent is not None:
+        if node.start_byte < bo < node.end_byte and node.child_count and node.child(0).type in _OPEN_BRACKETS:
+            if node.has_error:
+                break  # the tree is no guide here (mid-typing)
+            if node.child(0).type in ("(", "["):
+                return False  # an argument list, a condition, an array, a subscript
+            if not [c for c in node.named_children if not c.is_extra]:
+                return True  # an empty block (or literal) body
+            break
+        node = node.parent
+    eol = text.find("\n", offset)
+    after = text[offset:eol if eol >= 0 else len(text)]
+    if stripped and lang.opens.search(stripped) and not after.strip(")]} \t"):
+        return True  # at the end of a block opener
+    if not stripped:
+        prev = text[:line_start].rstrip("\n").rsplit("\n", 1)[-1]
+        if lang.opens.search(prev.rstrip()):
+            return True  # the line after a block opener
+    return None

@@ -153,3 +153,26 @@ def test_balanced_inner_brackets_kept():
 def test_dedupe_keeps_first():
     a, b, c = Processed("x"), Processed("y"), Processed("x", 1)
     assert dedupe([a, b, c]) == [a, b]
+
+
+# -- the scope cut (languages other than Python) ----------------------------------------------
+
+
+def test_scope_cut_stops_before_leaving_the_enclosing_block():
+    from diffill.lsp_server.postprocess import cut_at_scope
+
+    pre = "function f() {\n  const a = 1;\n  "
+    assert cut_at_scope("return a;\n}\n\nfunction g() {}", pre, "//") == "return a;"
+    assert cut_at_scope("x = 1; }", pre, "//") == "x = 1;"
+    # what the cursor's line opened may be closed, and the suggestion's own brackets
+    assert cut_at_scope("a, b)", pre + "foo(", "//") == "a, b)"
+    assert cut_at_scope("\n  return 1;\n}", "function f() {", "//") == "\n  return 1;\n}"
+    assert cut_at_scope("if (a) {\n    b();\n  }", pre, "//") == "if (a) {\n    b();\n  }"
+    assert cut_at_scope("s = '}'", pre, "//") == "s = '}'"  # in a string
+
+
+def test_scope_cut_only_when_asked():
+    pre = "function f() {\n  const a = 1;\n  "
+    kw = dict(line_prefix="  ", line_suffix="", prefix=pre, comment="//")
+    assert postprocess("return a;\n}\nfunction g() {}", scope=True, **kw).text == "return a;"
+    assert postprocess("return a;\n}\nfunction g() {}", **kw).text != "return a;"

@@ -240,3 +240,78 @@ def test_every_language_parses_with_all_network_refused():
     out = subprocess.run([sys.executable, "-P", "-c", OFFLINE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert set(out.stdout.strip().split(",")) == set(treesitter.supported())
+
+
+# -- the multi-line policy and the scope cut, through the Completer ----------------------------
+
+POLICY = [
+    ("typescript", "function f() {|}\n", True),  # an empty block body
+    ("typescript", "function f() {|\n}\n", True),  # the end of a block opener
+    ("typescript", "function f() {\n  |\n}\n", True),  # the line after it
+    ("typescript", "function f() {\n  foo(a, |\n}\n", False),  # an argument list
+    ("typescript", "function f() {\n  const x = a +|\n}\n", False),  # an expression
+    ("typescript", "function f() {\n  const x = 1;\n  |\n}\n", None),  # the text rule
+    ("go", "package main\n\nfunc f() {\n\tx := g(|)\n}\n", False),
+    ("go", "package main\n\nfunc f() {\n\tif x > 0 {|}\n}\n", True),
+    ("rust", "fn main() {\n    let v = vec![1, |];\n}\n", False),
+    ("ruby", "def f(a)\n  |\nend\n", True),
+    ("lua", "if x then\n  |\nend\n", True),
+    ("typescript", 'const s = "(|";\n', None),  # in a string: the text rule
+    ("python", "def f():\n    |\n", None),  # Python: its text rule, unchanged
+]
+
+
+@pytest.mark.parametrize("lang,buf,want", POLICY)
+def test_multiline_policy_from_the_tree(lang, buf, want):
+    _need(lang)
+    text, off = _at(buf)
+    assert treesitter.multiline_at(text, off, lang, f"/t/policy.{lang}") is want
+
+
+class _Scripted:
+    name = "scripted"
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def encode_batch(self, texts):
+        return [[ord(c) for c in t] for t in texts]
+
+    def max_context_tokens(self, max_tokens):
+        return None
+
+    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None, **kw):
+        from diffill.lsp_server.backends import Candidate
+
+        return [Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers)]
+
+    def describe(self):
+        return {}
+
+
+def _complete(answers, buf, lang):
+    from diffill.lsp_server.completer import Completer, options_from_kwargs
+
+    text, off = _at(buf)
+    c = Completer(_Scripted(answers), options_from_kwargs(drafts=False))
+    return c.complete(text, off, n=3, language=lang, path=f"/t/complete.{lang}")
+
+
+def test_completer_empty_body_gets_lines_and_replaces_the_closer():
+    _need("typescript")
+    got = _complete(["\n  return a + 1;\n}"], "function f(a: number) {|}\n", "typescript")
+    assert [(s.text, s.replace_right) for s in got] == [("\n  return a + 1;\n}", 1)]
+
+
+def test_completer_argument_list_gets_one_line():
+    _need("go")
+    got = _complete(["a, b\n\tx := 2"], "package main\n\nfunc f() {\n\tg(|\n}\n", "go")
+    assert [s.text for s in got] == ["a, b"]
+
+
+def test_completer_cuts_where_the_suggestion_leaves_the_block_and_guards_go():
+    _need("go")
+    buf = "package main\n\nfunc f() int {\n\tx := 1\n\t|\n}\n"
+    answers = ["y := (x + 1", "return x + 1\n}\n\nfunc g() {\n\tprintln(1)"]
+    got = _complete(answers, buf, "go")
+    assert [s.text for s in got] == ["return x + 1"]  # cut before the function's closer; the broken one withheld
