@@ -48,6 +48,7 @@ import msgspec
 from lsprotocol import types
 from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
 
 from .. import __version__
 from . import jsonrpc
@@ -59,6 +60,7 @@ from .items import completion_items, inline_items
 from .jsonrpc import DiffillProtocol, log_error
 from .options import CompletionOptions, options_from
 from .scheduler import LatencyStats, Scheduler, Superseded, TypeaheadCache
+from .workspace_sync import WorkspaceSync
 
 log = logging.getLogger("diffill.server")
 
@@ -144,6 +146,7 @@ class DiffillServer(LanguageServer):
         self.last_context: dict[str, Any] | None = None
         self._last_error_shown: str | None = None
         self._load_waiters: dict[str, asyncio.Future[None]] = {}  # key -> the waiting request's
+        self.workspace_sync = WorkspaceSync(lambda: self.options)  # index, ring (:mod:`.workspace_sync`)
 
     def start_io(self, stdin: Any = None, stdout: Any = None) -> None:
         """stdio with diffill's hardened framing and spec error answers (:mod:`.jsonrpc`)."""
@@ -427,6 +430,9 @@ class DiffillServer(LanguageServer):
             self.stats.count("not_ready" if completer is None else "disabled")
             return []
         snippets = self.snippets(prep.uri)
+        doc = self.workspace.text_documents.get(prep.uri)
+        full_path = doc.path if doc is not None else None
+        self.workspace_sync.visited(prep.uri, full_path, prep.row, prep.language)
         others = self.other_documents(prep.uri)
         recalled = self.cache.recall(prep.uri) if self.options.drafts else []
         cache, gen = self.cache, self.cache.generation(prep.uri)  # an edit elsewhere bumps gen
@@ -436,9 +442,12 @@ class DiffillServer(LanguageServer):
             if again is not None:
                 return again, None, 0.0
             t = time.perf_counter()
+            ex = self.workspace_sync.extras(prep.uri, full_path, prep.text, prep.offset,
+                                            prep.language, self.open_text)
             res = completer.run(prep.text, prep.offset, n=n, cancel=cancel,
-                                language=prep.language, path=prep.path, snippets=snippets,
-                                others=others, recalled=recalled)
+                                language=prep.language, path=prep.path,
+                                snippets=[*ex.snippets, *snippets], others=others,
+                                recalled=recalled, workspace=ex.workspace)
             cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions,
                         generation=gen, asked=n)
             return res.suggestions, res, (time.perf_counter() - t) * 1000.0
@@ -472,6 +481,11 @@ class DiffillServer(LanguageServer):
         self.stats.add(total_ms, model_ms)
         self._log_result(prep, res, model_ms)
         return sugg
+
+    def open_text(self, uri: str) -> str | None:
+        """An open document's text (None when it is not open); any thread may call it."""
+        doc = self.workspace.text_documents.get(uri)
+        return None if doc is None else doc.source
 
     def count_drafts(self, res: Any) -> None:
         """Draft counters for ``diffill/status``: model requests sent with drafts
@@ -542,6 +556,7 @@ class DiffillServer(LanguageServer):
             "in_flight": len(getattr(self.protocol, "_request_futures", {})),
             "options": self._options_wire(),
             "drafts": self.drafts_summary(),
+            "workspace": self.workspace_sync.status(),
             **self.stats.summary(),
         }
 
@@ -572,6 +587,7 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
     @server.feature(types.INITIALIZED)
     def initialized(ls: DiffillServer, params: types.InitializedParams) -> None:
         ls.start_loading()
+        asyncio.ensure_future(ls.workspace_sync.start(ls))  # the index builds on its own thread
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: DiffillServer, params: None) -> None:
@@ -580,6 +596,7 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
         if ls._load_task is not None:
             ls._load_task.cancel()  # a load not begun yet never starts, one running is dropped
         ls.scheduler.shutdown()
+        ls.workspace_sync.shutdown()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(ls: DiffillServer, params: types.DidChangeConfigurationParams) -> None:
@@ -602,9 +619,22 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
         row = last.range.start.line if isinstance(last, types.TextDocumentContentChangePartial) else 0
         ls.note_edit(params.text_document.uri, row)
         ls.cache.invalidate(params.text_document.uri, params.content_changes)
+        doc = ls.workspace.text_documents.get(params.text_document.uri)
+        if doc is not None:
+            ls.workspace_sync.edited(doc.uri, doc.path, row, doc.language_id, ls.open_text)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(ls: DiffillServer, params: types.DidSaveTextDocumentParams) -> None:
+        doc = ls.workspace.text_documents.get(params.text_document.uri)
+        ls.workspace_sync.saved(doc.path if doc is not None else None)
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+    def did_change_watched_files(ls: DiffillServer, params: types.DidChangeWatchedFilesParams) -> None:
+        ls.workspace_sync.watched(params.changes)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DiffillServer, params: types.DidCloseTextDocumentParams) -> None:
+        ls.workspace_sync.closed(params.text_document.uri, to_fs_path(params.text_document.uri))
         ls.forget(params.text_document.uri)
 
     @server.feature(

@@ -289,3 +289,37 @@ def test_a_copied_block_that_reads_names_unbound_where_it_lands_is_not_offered(m
     assert c.drafts_for(text, off, ctx, multiline=True, guard=guard) == []
     # without the syntax guard (option syntaxCheck off) nothing is judged
     assert c.drafts_for(text, off, ctx, multiline=True, guard=None) == [helper]
+
+
+def test_extras_reach_the_header_only_when_their_option_is_on_in_the_familys_format():
+    from diffill.lsp_server.completer import Completer
+    from diffill.lsp_server.context import Snippet
+    from diffill.lsp_server.options import CompletionOptions
+
+    text = "x = 1\ny = "
+    sn = [Snippet("defs.py", "def f(): ...\n", "python", "definition"),
+          Snippet("near.py", "z = 3\n", "python", "workspace")]
+    b = _ScriptedBackend(["2"], ["2"], ["2"])
+    off = Completer(b, CompletionOptions(token_healing=False, drafts=False))
+    off.run(text, len(text), snippets=sn, path="m.py")
+    assert b.seen[-1][0] == text
+    on = Completer(b, CompletionOptions(token_healing=False, drafts=False,
+                                        definitions_context=True))
+    on.run(text, len(text), snippets=sn, path="m.py")
+    assert b.seen[-1][0] == "# path: defs.py\ndef f(): ...\n# path: m.py\n" + text
+    b.cross_file = "qwen-repo"
+    on.run(text, len(text), snippets=sn, path="m.py", repo="r")
+    assert b.seen[-1][0] == "<|repo_name|>r\n<|file_sep|>defs.py\ndef f(): ...\n<|file_sep|>m.py\n" + text
+
+
+def test_workspace_chunks_become_drafts():
+    from diffill.lsp_server.completer import Completer
+    from diffill.lsp_server.options import CompletionOptions
+
+    text = "def rectangle_area(width, height):\n    area ="
+    chunk = "def rectangle_area(width, height):\n    area = width * height\n"
+    b = _ScriptedBackend([" width * height"])
+    res = Completer(b, CompletionOptions(token_healing=False, syntax_check=False)).run(
+        text, len(text), workspace=[chunk])
+    assert [d.text for d in res.drafts] == [" width * height"]
+    assert b.kwargs["drafts"] == [" width * height"]

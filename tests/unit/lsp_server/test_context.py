@@ -187,3 +187,60 @@ def test_extra_context_comment_syntax():
 def test_offset_outside_text_rejected(encode_batch):
     with pytest.raises(ValueError, match="outside"):
         build_context("abc", 4, encode_batch)
+
+
+# --- the extra-context policy (module doc, *Extra context*) -----------------------------------
+
+
+HELPER = Snippet("util.py", "def helper(x):\n    return x * 2\n", "python", "definition")
+OTHER = Snippet("other.py", "def other(y):\n    return y - 1\n", "python", "workspace")
+
+
+def test_extras_take_the_room_a_short_prefix_leaves(encode_batch):
+    text = "def main():\n    x = 1\n    "
+    big = Snippet("big.py", CODE * 3, "python", "workspace")
+    ctx = build_context(text, len(text), encode_batch, budget=400, language="python",
+                        path="main.py", snippets=[big], extra_fraction=0.1)
+    pb, _ = split_budget(400, 0.75)
+    assert ctx.prefix[ctx.header_chars:] == text  # the whole prefix, untouched
+    assert int(pb * 0.1) < ctx.header_tokens and ctx.prefix_tokens <= pb
+    assert ctx.prefix.startswith("# path: big.py\nimport os\n")  # its first lines that fit
+
+
+def test_extras_never_crowd_out_the_prefix(encode_batch):
+    text, offset = doc_and_offset()
+    big = Snippet("big.py", CODE * 3, "python", "workspace")
+    ctx = build_context(text, offset, encode_batch, budget=400, language="python", path="m.py",
+                        snippets=[HELPER, big], extra_fraction=0.2)
+    pb, _ = split_budget(400, 0.75)
+    body = ctx.prefix[ctx.header_chars:]
+    assert 0 < ctx.header_tokens <= int(pb * 0.2)
+    assert ntok(encode_batch, body) >= pb - int(pb * 0.2) - 2  # joined-text merges: a token or two
+    assert body == text[ctx.prefix_start:offset]
+
+
+def test_most_relevant_snippet_is_written_nearest_the_code(encode_batch):
+    text = "x = 1\n"
+    ctx = build_context(text, len(text), encode_batch, budget=400, language="python",
+                        path="main.py", snippets=[HELPER, OTHER])
+    assert ctx.extra_paths == ["util.py", "other.py"]
+    assert ctx.prefix == ("# path: other.py\n" + OTHER.text + "# path: util.py\n" + HELPER.text
+                          + "# path: main.py\n" + text)
+
+
+def test_snippets_already_in_the_buffer_or_repeated_are_left_out(encode_batch):
+    text = "def helper(x):\n    return x * 2\n\n\nvalue = "
+    dup = Snippet("again.py", OTHER.text, "python")
+    ctx = build_context(text, len(text), encode_batch, budget=400, language="python",
+                        path="main.py", snippets=[HELPER, OTHER, dup])
+    assert ctx.extra_paths == ["other.py"]
+
+
+def test_qwen_repository_format(encode_batch):
+    text = "x = 1\n"
+    ctx = build_context(text, len(text), encode_batch, budget=400, path="pkg/main.py",
+                        snippets=[HELPER, OTHER], header_format="qwen-repo", repo="demo")
+    assert ctx.prefix == ("<|repo_name|>demo\n<|file_sep|>other.py\n" + OTHER.text
+                          + "<|file_sep|>util.py\n" + HELPER.text + "<|file_sep|>pkg/main.py\n"
+                          + text)
+    assert ctx.prefix[ctx.header_chars:] == text

@@ -421,3 +421,30 @@ def test_the_default_lookup_wants_a_16_character_key():
     q = DraftQuery(text, offset, multiline=True)
     assert PromptLookup().propose(q) == []
     assert [d.text.split("\n")[2] for d in LOOK.propose(q)] == ["def variance(values):"]
+
+
+# --- the workspace's chunks ------------------------------------------------------------------
+
+
+def test_prompt_lookup_finds_a_workspace_chunk_when_the_buffer_has_nothing():
+    chunk = "def rectangle_area(width, height):\n    area = width * height\n"
+    q = query("def rectangle_area(width, height):\n    area =|\n", workspace=[chunk])
+    assert PromptLookup().propose(q)[0] == Draft(" width * height", "lookup")
+    assert PromptLookup().propose(query("def rectangle_area(width, height):\n    area =|\n")) == []
+
+
+def test_workspace_chunks_rank_after_the_buffer_at_an_equal_match():
+    here = "def scale(values):\n    out = [v * 2 for v in values]\n\n"
+    chunk = "def scale(values):\n    out = [v * 3 for v in values]\n"
+    q = query(here + "def scale(values):\n    out =|\n", workspace=[chunk])
+    assert PromptLookup().propose(q)[0].text == " [v * 2 for v in values]"
+    # a longer agreement in the workspace still wins
+    longer = "import x\n\n\ndef scale(values):\n    out = [v * 3 for v in values]\n"
+    q = query("import x\n\n\ndef scale(values):\n    out =|\n\n" + here, workspace=[longer])
+    assert PromptLookup().propose(q)[0].text == " [v * 3 for v in values]"
+
+
+def test_suffix_lookup_reads_workspace_chunks_and_crlf_chunks():
+    chunk = "    first_step(data)\r\n    second_step(data, verbose=True)\r\n"
+    q = query("def run(data):\n|\n    second_step(data, verbose=True)\n", workspace=[chunk])
+    assert SuffixLookup().propose(q) == [Draft("    first_step(data)", "suffix")]

@@ -55,3 +55,19 @@ def test_resolution_names_the_missing_token():
     with pytest.raises(RecipeError, match="outside the embedding table"):
         resolve_recipe(row, why, token_to_id=ids.get, roles={"bos": 1, "eos": 2, "mask": 30},
                        vocab_size=16)
+
+
+def test_cross_file_format_is_qwen_repo_only_with_its_tokens():
+    from diffill.model.recipes import BY_NAME
+
+    assert {r.name for r in RECIPES if r.cross_file == "qwen-repo"} == {
+        "dreamon", "diffucoder-instruct", "dream", "open-dcoder"}
+    row = BY_NAME["dream"]
+    roles = {"bos": 1, "eos": 2, "pad": 3, "mask": 4}
+    with_tokens = {"<|repo_name|>": 10, "<|file_sep|>": 11}.get
+    assert resolve_recipe(row, "", token_to_id=with_tokens, roles=roles,
+                          vocab_size=16).cross_file == "qwen-repo"
+    assert resolve_recipe(row, "", token_to_id={}.get, roles=roles,
+                          vocab_size=16).cross_file == "comment"
+    assert resolve_recipe(BY_NAME["diffill"], "", token_to_id=with_tokens, roles=roles,
+                          vocab_size=16).cross_file == "comment"
