@@ -31,6 +31,7 @@ import bisect
 import functools
 import importlib
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -50,6 +51,11 @@ BUDGET = 40
 """Parser work one candidate may spend on one re-parse, in the parser's progress reports (one
 about every 70 bytes parsed anew: ~3 KB), plus one for every 64 bytes it inserts. Counted in
 work, not time, so that a verdict does not depend on how busy the machine is (module doc)."""
+DOCUMENT_BUDGET = 400
+"""Parser work a buffer's re-parse may take beyond twice that of a parse from scratch."""
+DOCUMENT_CAP_S = 0.25
+"""Seconds a buffer's parse may take at most (error recovery can take seconds on a large file
+with an unclosed string); past it nothing is judged for that request."""
 SEGMENT_MAX = 48_000
 """Bytes: a larger enclosing node is not taken as a segment (its parse would cost too much)."""
 """How many segments, innermost first, an edited buffer is judged on before it is dropped."""
@@ -166,21 +172,26 @@ def edited_tree(name: str, tree: Any, old: bytes, new: bytes, start: int, old_en
     return parse(name, new, t)
 
 
-def document_tree(name: str, key: str, data: bytes) -> Any:
+def document_tree(name: str, key: str, data: bytes) -> Any | None:
     """The tree of ``data``, the document ``key``'s text now: parsed incrementally from the
-    last tree kept for that document (tree-sitter's edit API), or from scratch."""
+    last tree kept for that document (tree-sitter's edit API), or from scratch; None when that
+    takes more than :data:`DOCUMENT_BUDGET` (error recovery gone wild on a large file)."""
     with _DOCS_LOCK:
         prev = _DOCS.get((name, key))
     if prev is not None and prev[0] == data:
         return prev[1]
+    budget = DOCUMENT_BUDGET + 2 * len(data) // 64  # twice what a parse from scratch takes
     if prev is None:
-        tree = parse(name, data)
+        edited = None
     else:
         old, old_tree = prev
         p = _common_prefix(old, data)
         s = _common_suffix(old, data, min(len(old), len(data)) - p)
         edited = edit_copy(old_tree, p, _point(old, p), old[p:len(old) - s], data[p:len(data) - s])
-        tree = parse(name, data, edited)
+    try:
+        tree = bounded_parse(name, data, edited, budget, DOCUMENT_CAP_S)
+    except _OverBudget:
+        return None
     with _DOCS_LOCK:
         _DOCS[(name, key)] = (data, tree)
         _DOCS.move_to_end((name, key))
@@ -238,21 +249,32 @@ def _holds_list(parent: Any) -> bool:
 
 
 class _OverBudget(Exception):
-    pass
+    """The parse took more parser work than its budget."""
 
 
-def bounded_parse(name: str, data: bytes, old: Any, budget: int) -> Any:
+class _OutOfTime(_OverBudget):
+    """The parse took more time than its cap (error recovery gone wild: each step slow)."""
+
+
+def bounded_parse(name: str, data: bytes, old: Any, budget: int, cap_s: float = 0.02) -> Any:
     """``data`` parsed (reusing ``old``, an edited tree, when given); :class:`_OverBudget` after
-    ``budget`` progress reports, the parser reset (else its next parse would resume this one)."""
+    ``budget`` progress reports, :class:`_OutOfTime` after ``cap_s`` seconds; the parser reset
+    then (else its next parse would resume this one)."""
     p = parser(name)
     left = [budget]
+    deadline = time.perf_counter() + cap_s
+    why: list[type[_OverBudget]] = []
 
     def read(off: int, _point: Any) -> bytes:
         return data[off:off + 65536]
 
     def late(_off: int, _err: bool) -> bool:
         left[0] -= 1
-        return left[0] < 0
+        if left[0] < 0:
+            why.append(_OverBudget)
+        elif time.perf_counter() > deadline:
+            why.append(_OutOfTime)
+        return bool(why)
 
     try:
         if old is None:
@@ -260,7 +282,7 @@ def bounded_parse(name: str, data: bytes, old: Any, budget: int) -> Any:
         return p.parse(read, old, progress_callback=late)
     except ValueError:  # cancelled
         p.reset()
-        raise _OverBudget from None
+        raise (why[0] if why else _OverBudget) from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -274,6 +296,8 @@ def segment_tree(name: str, data: bytes, kind: str | None, where: str = "") -> A
     wrap = lookup(name).wrap.encode()
     whole = wrap + data + b"\n"
     tree = document_tree(name, where, whole) if where else parse(name, whole)
+    if tree is None:
+        return None
     root = tree.root_node
     if root.has_error or (kind is not None and not _spans_as(root, len(wrap), len(wrap) + len(data), kind)):
         return None
@@ -298,7 +322,8 @@ class TreeGuard:
         self._segs: dict[int, list[tuple[int, int, str | None, bool]]] = {}
 
     @functools.cached_property
-    def tree(self) -> Any:
+    def tree(self) -> Any | None:
+        """The buffer's tree (None: not parsed within its budget; nothing is judged then)."""
         return document_tree(self.lang.name, self.key, self.data)
 
     @functools.cached_property
@@ -309,7 +334,7 @@ class TreeGuard:
     @functools.cached_property
     def clean(self) -> bool:
         """Whether the whole buffer parses with no error."""
-        return not self.tree.root_node.has_error
+        return self.tree is not None and not self.tree.root_node.has_error
 
     def _nbytes(self, replace_right: int) -> int:
         return len(self.text[self.offset:self.offset + replace_right].encode("utf-8", "surrogatepass"))
@@ -324,6 +349,8 @@ class TreeGuard:
         innermost first, at most :data:`SEGMENTS` (module doc); ``kind`` None for the top-level
         run; ``loose``: the edited segment may be any run of nodes (its parent holds a list)."""
         lo, hi = self.bo, self.bo + rr
+        if self.tree is None:
+            return []
         root = self.tree.root_node
         out: list[tuple[int, int, str | None, bool]] = []
         node = root.descendant_for_byte_range(lo, hi)
@@ -390,12 +417,14 @@ class TreeGuard:
             for a, b, kind, loose in segs:
                 if self._segment_ok(a, b, kind, loose, ins, rr, budget):
                     return True
+        except _OutOfTime:
+            return True  # the parser is stuck in error recovery: no verdict, nothing withheld
         except _OverBudget:
             pass  # the edit makes the parser redo the code after it: judged on the whole buffer
         a, b, kind, loose = segs[-1]
         kind = None if loose else kind
         if self._opens_block_ok(insert, lambda extra: _judge(
-                self.lang.name, self._edited(a, b, ins + extra, rr), kind)):
+                self.lang.name, self._edited(a, b, ins + extra, rr), kind), replace_right):
             return True
         return self._whole_ok(ins, rr, budget, fewer=True)
 
@@ -435,12 +464,18 @@ class TreeGuard:
         n = errors(tree.root_node)
         return n < self.errors if fewer else n <= self.errors
 
-    def _opens_block_ok(self, insert: str, judge) -> bool:
-        """The suggestion's last line opens a block and closing it makes the code parse."""
+    def _opens_block_ok(self, insert: str, judge, replace_right: int = 0) -> bool:
+        """The suggestion's last line opens a block with no body yet (the code after it is not
+        indented deeper: it is not that block's body) and closing it makes the code parse."""
         last = (self.text[self.text.rfind("\n", 0, self.offset) + 1:self.offset] + insert).rsplit("\n", 1)[-1]
         if not self.lang.opens.search(last):
             return False
         lead = last[: len(last) - len(last.lstrip(" \t"))]
+        eol = self.text.find("\n", self.offset + replace_right)
+        following = next((ln for ln in self.text[eol + 1:eol + 2000].split("\n") if ln.strip()), "") \
+            if eol >= 0 else ""
+        if len(following) - len(following.lstrip(" \t")) > len(lead):
+            return False
         brackets = "".join(unclosed(insert, self.lang))
         tries = [brackets] if brackets else []
         tries += [c for c in self.lang.closers]
@@ -461,7 +496,7 @@ class TreeGuard:
         def judge(extra: bytes) -> bool:
             return not parse(self.lang.name, new[:self.bo + len(ins)] + extra
                              + new[self.bo + len(ins):]).root_node.has_error
-        return self._opens_block_ok(insert, judge)
+        return self._opens_block_ok(insert, judge, replace_right)
 
 
 # -- the multi-line policy ---------------------------------------------------------------------
@@ -486,6 +521,8 @@ def multiline_at(text: str, offset: int, language: str | None, path: str | None 
     data = text.encode("utf-8", "surrogatepass")
     bo = len(text[:offset].encode("utf-8", "surrogatepass"))
     tree = document_tree(lang.name, path or lang.name, data)
+    if tree is None:
+        return None
     node = tree.root_node.descendant_for_byte_range(bo, bo)
     up = node
     while up is not None:

@@ -344,7 +344,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"grammars loaded: {', '.join(treesitter.supported())}")
     print(f"{'language':<11} {'files':>5} {'holes':>5} {'judged':>6} {'keep(a)':>7} {'corrupt':>7} "
-          f"{'drop(b)':>7} {'real parser':>11} {'agree':>6} | {'10KB p50/p95':>13} {'200KB p50/p95':>14} {'reparse p95 200KB':>17}")
+          f"{'drop(b)':>7} {'judged':>6} {'real parser':>11} {'agree':>6} | {'10KB p50/p95':>13} {'200KB p50/p95':>14} {'reparse p95 200KB':>17}")
     for lang in args.langs.split(","):
         rng = random.Random(lang)
         r = rates(lang, args.files, args.cases, rng)
