@@ -507,7 +507,7 @@ def bench_select_kernel(device: torch.device | str, shapes: Sequence[tuple[int, 
 
 
 def step_variants(bm: BenchModel, *, ctx: int = 256, hole: int = 32, candidates: int = 3,
-                  drafts: int = 1, repeats: int = 2,
+                  drafts: int = 1, repeats: int = 2, warmup: int = 1,
                   variants: Sequence[str] = ("row", "request"),
                   models: dict[str, Any] | None = None,
                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -545,17 +545,50 @@ def step_variants(bm: BenchModel, *, ctx: int = 256, hole: int = 32, candidates:
                                               cv, initial_state(cv), 2, spec)
     ms: dict[str, list[float]] = {k: [] for k in runs}
     with torch.inference_mode():
-        for fn in runs.values():  # warm-up, untimed
-            fn()
+        for _ in range(warmup):  # untimed
+            for fn in runs.values():
+                fn()
         for _ in range(repeats):
             for k, fn in runs.items():
                 ms[k].append(timed(fn, dev, 1, 0)[0])
                 log(f"step {k}: {ms[k][-1]:.0f} ms")
     first = next(iter(runs))
     out = {"ctx": ctx, "hole": hole, "lengths": lengths, "rows": len(lengths),
-           "repeats": repeats, "load_average": [round(x, 2) for x in os.getloadavg()],
+           "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(), "load_average": [round(x, 2) for x in os.getloadavg()],
            "variants": {}}
     for k, xs in ms.items():
         out["variants"][k] = {"min_ms": round(min(xs), 1), "median_ms": round(statistics.median(xs), 1),
                               "speedup_vs_" + first: round(min(ms[first]) / min(xs), 2)}
     return out
+
+
+def int8_copy(model: Any) -> Any:
+    """A copy of ``model`` with int8 weights (:func:`~diffill.model.quant.quantize_model`)."""
+    import copy  # bench-only
+
+    from ..model.quant import quantize_model
+
+    return quantize_model(copy.deepcopy(model))
+
+
+def int8_logits_error(cfg: ModelConfig, *, layers: int = 2, rows: int = 3, tokens: int = 288,
+                      head_rows: int = 32, seed: int = 0) -> dict[str, Any]:
+    """int8 weights against fp32 on a random model of ``cfg``'s shape cut to ``layers``
+    layers: the logits of the last ``head_rows`` positions of ``rows`` random canvases of
+    ``tokens`` tokens -- max and mean |error| relative to max |logit|, argmax agreement."""
+    small = cfg.replace(num_layers=layers)
+    model = random_model(small, seed=seed)
+    q = int8_copy(model)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, small.vocab_size, (rows, tokens), generator=g)
+    with torch.inference_mode():
+        ref = model.head(model.forward_hidden(ids)[0][:, -head_rows:])
+        got = q.head(q.forward_hidden(ids)[0][:, -head_rows:])
+    scale = float(ref.abs().max())
+    return {"layers": layers, "rows": rows, "tokens": tokens, "head_rows": head_rows,
+            "max_rel_error": round(float((got - ref).abs().max()) / scale, 5),
+            "mean_rel_error": round(float((got - ref).abs().mean()) / scale, 6),
+            "argmax_agreement": round(float((got.argmax(-1) == ref.argmax(-1)).float().mean()), 4),
+            "top5_overlap": round(float(
+                (got.topk(5, -1).indices[..., :, None] == ref.topk(5, -1).indices[..., None, :])
+                .any(-1).float().mean()), 4)}

@@ -386,6 +386,8 @@ class Engine:
         if seed is not None:
             changes["seed"] = seed
         kept = self.usable_drafts(drafts, max(lens))
+        if steps is None:
+            kept = self.affordable_drafts(kept, total - max(lens), max(lens), len(lens), budget_ms)
         planned = None if steps is not None else self.budget.steps_for(
             total - max(lens), max(lens), budget_ms, rows=len(lens) + len(kept))
         if steps is not None:
@@ -399,6 +401,22 @@ class Engine:
                             max(1, candidates))
         check_request(cfg, req)
         return req
+
+    def affordable_drafts(self, drafts: tuple[tuple[int, ...], ...], ctx: int, hole: int,
+                          candidates: int, budget_ms: float | None = None,
+                          ) -> tuple[tuple[int, ...], ...]:
+        """The drafts a planned request sends (each takes a row, priced by the step plan):
+        the most of them, in order, with which the request still fits its budget at the
+        plan's fewest steps. When it does not fit even without drafts they are all kept:
+        the request is over its budget either way, and a verified draft ends it after its
+        first step. No plan: all of them."""
+        plan = self.budget.plan_for(self.budget.budget_ms(budget_ms))
+        if plan is None or not drafts:
+            return drafts
+        for k in range(len(drafts), -1, -1):
+            if not plan.choice(ctx, hole, candidates + k).over_budget:
+                return drafts[:k]
+        return drafts
 
     def usable_drafts(self, drafts: Sequence[Sequence[int]], hole: int) -> tuple[tuple[int, ...], ...]:
         """The drafts :meth:`make_request` keeps for a hole of ``hole`` slots (see there)."""
@@ -631,6 +649,8 @@ class Engine:
             "recipe": None if self.config.recipe is None else self.config.recipe.name,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "weights": getattr(self.lm, "weights", "fp32"),
+            "context": "request" if self.shared_context else "row",
             **self.budget.summary(),
             **{f"engine_{k}": es[k] for k in ("requests", "completed", "cancelled", "batches",
                                                "max_batch_requests")},

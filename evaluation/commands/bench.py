@@ -96,6 +96,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "canvas (exact) vs one context per request (the CPU default)")
     p.add_argument("--drafts", type=int, default=1, metavar="N",
                    help="draft rows for --step-variants (default 1)")
+    p.add_argument("--variants", nargs="+", default=["row", "request"],
+                   choices=["row", "request", "request+int8"],
+                   help="--step-variants to time: row (exact), request (one context per "
+                        "request), request+int8 (that with int8 weights, model/quant.py)")
+    p.add_argument("--int8-error", type=int, default=0, metavar="LAYERS",
+                   help="instead of the grid: int8 weights vs fp32 logits (error, argmax "
+                        "agreement) on a random model of --model's shape cut to LAYERS layers")
     p.add_argument("--vs-llamacpp", action="store_true",
                    help="NOT IMPLEMENTED: the llama.cpp side-by-side (needs llama-cpp-python)")
     p.add_argument("--json", default=None, metavar="FILE", help="write all results as JSON")
@@ -155,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
               "dependency; issue 25.5)", file=sys.stderr)
         return 2
     opts = _options(args)
+    if args.int8_error and args.model in PRESETS:  # the shape only: no full model is built
+        print(json.dumps(bench.int8_logits_error(PRESETS[args.model], layers=args.int8_error),
+                         indent=2))
+        return 0
     try:
         bm = bench.load_bench_model(args.model, device, dtype)
     except (ValueError, RuntimeError, MemoryError) as e:
@@ -162,10 +173,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log(f"model {bm.name} on {bm.device} {bm.dtype}")
     opts.kernel_shapes = _kernel_shapes(args, bm.config.vocab_size, opts)
+    if args.int8_error:
+        print(json.dumps(bench.int8_logits_error(bm.config, layers=args.int8_error), indent=2))
+        return 0
     if args.step_variants:
+        models = {}
+        if "request+int8" in args.variants:
+            models["request+int8"] = bench.int8_copy(bm.model)
         res = bench.step_variants(bm, ctx=opts.ctx[0], hole=max(opts.holes),
                                   candidates=args.candidates or 3, drafts=args.drafts,
-                                  repeats=args.repeats or 2, log=log)
+                                  repeats=args.repeats or 2,
+                                  warmup=1 if args.warmup is None else args.warmup,
+                                  variants=[v for v in args.variants if v != "request+int8"],
+                                  models=models, log=log)
         print(json.dumps(res, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=2))

@@ -324,3 +324,19 @@ def test_the_plan_is_timed_with_the_shared_context():
     assert by_hole[16].row_ms == pytest.approx(2 * by_hole[8].row_ms, abs=1e-3)
     by_hole = {t.hole: t for t in exact.timings}
     assert by_hole[16].row_ms == pytest.approx(by_hole[8].row_ms * 272 / 264, abs=1e-3)
+
+
+def test_drafts_are_sent_only_while_the_request_fits_its_budget():
+    lm = make_lm()
+    t = BucketTiming(256, 16, 3, full_ms=100.0, block_ms=100.0, row_ms=40.0, block_row_ms=40.0)
+    eng = Engine(lm, plan=plan_from_timings([t], 150.0, min_steps=1))
+    drafts = [[5, 6], [7, 8], [9, 10]]
+    # 3 rows: 100 ms, 4 rows: 140 ms, 5 rows: 180 ms > 150 ms -> one draft is sent
+    assert eng.make_request([4, 5, 6], [7], max_tokens=16, drafts=drafts).drafts == ((5, 6),)
+    # nothing fits even without drafts: all are kept (a verified one ends the request)
+    assert len(eng.make_request([4, 5, 6], [7], max_tokens=16, drafts=drafts,
+                                budget_ms=50.0).drafts) == 3
+    assert len(eng.make_request([4, 5, 6], [7], max_tokens=16, drafts=drafts,
+                                budget_ms=500.0).drafts) == 3
+    # explicit steps: the drafts are the caller's business
+    assert len(eng.make_request([4, 5, 6], [7], max_tokens=16, drafts=drafts, steps=2).drafts) == 3
