@@ -331,9 +331,7 @@ def log_target(raw_path: str, served: frozenset[str] | set[str] = frozenset()) -
     segments = path.split("/")
     shown = []
     for i, seg in enumerate(segments):
-        if not seg or seg in _PATH_WORDS:
-            shown.append(seg)
-        elif segments[:i] == ["", "v1", "models"] and seg in served:
+        if not seg or seg in _PATH_WORDS or segments[:i] == ["", "v1", "models"] and seg in served:
             shown.append(seg)
         else:
             shown.append("<redacted>")

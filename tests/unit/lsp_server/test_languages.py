@@ -4,7 +4,6 @@ openers, the brackets a suggestion leaves open. No tree-sitter needed."""
 from __future__ import annotations
 
 import pytest
-
 from diffill.lsp_server import languages
 from diffill.lsp_server.context import comment_prefix
 

@@ -11,7 +11,6 @@ import sys
 import textwrap
 
 import pytest
-
 from diffill.lsp_server import languages, treesitter
 from diffill.lsp_server.syntax import SyntaxGuard
 
