@@ -18,7 +18,7 @@ BRACE_PAIRS = ("()", "[]", "{}", '""', "''")
 _BRACE_OPENER = re.compile(
     r"(\)|=>|\b(else|try|do|finally|loop|unsafe|async|move)|[=:(,\[]\s*[\w.:<>\[\]*&]*"
     r"|\breturn\s+[\w.:<>\[\]*&]*)\s*\{\s*$"
-    r"|^\s*(\}\s*)?(\w+\s+)*(class|struct|enum|interface|namespace|impl|trait|mod|fn|func|function|type|"
+    r"|^\s*(\}\s*)?(\w+\s+){0,6}?(class|struct|enum|interface|namespace|impl|trait|mod|fn|func|function|type|"
     r"union|if|for|while|switch|match|select|module|object|record|extern)\b.*\{\s*$")
 """A line ending with ``{`` after a block header: a condition or parameter list, an arrow,
 ``else``/``try``/``do``..., a statement or declaration keyword (``if``, ``for``, ``class``,

@@ -56,6 +56,8 @@ DOCUMENT_BUDGET = 400
 DOCUMENT_CAP_S = 0.25
 """Seconds a buffer's parse may take at most (error recovery can take seconds on a large file
 with an unclosed string); past it nothing is judged for that request."""
+OPENER_LINE = 400
+"""Characters: a longer line is not looked at as a block opener (a generated one-line file)."""
 SEGMENT_MAX = 48_000
 """Bytes: a larger enclosing node is not taken as a segment (its parse would cost too much)."""
 """How many segments, innermost first, an edited buffer is judged on before it is dropped."""
@@ -256,7 +258,7 @@ class _OutOfTime(_OverBudget):
     """The parse took more time than its cap (error recovery gone wild: each step slow)."""
 
 
-def bounded_parse(name: str, data: bytes, old: Any, budget: int, cap_s: float = 0.02) -> Any:
+def bounded_parse(name: str, data: bytes, old: Any, budget: int, cap_s: float = 0.05) -> Any:
     """``data`` parsed (reusing ``old``, an edited tree, when given); :class:`_OverBudget` after
     ``budget`` progress reports, :class:`_OutOfTime` after ``cap_s`` seconds; the parser reset
     then (else its next parse would resume this one)."""
@@ -368,7 +370,7 @@ class TreeGuard:
             node = node.parent
         if len(out) < SEGMENTS:
             run = self._top_run(lo, hi)
-            if run is not None and not (out and out[-1][:2] == run):
+            if run is not None and self._whole_lines(*run) and not (out and out[-1][:2] == run):
                 a, b = run
                 if b - a <= SEGMENT_MAX and segment_tree(self.lang.name, self.data[a:b], None,
                                                          f"{self.key}@{a}"):
@@ -468,7 +470,7 @@ class TreeGuard:
         """The suggestion's last line opens a block with no body yet (the code after it is not
         indented deeper: it is not that block's body) and closing it makes the code parse."""
         last = (self.text[self.text.rfind("\n", 0, self.offset) + 1:self.offset] + insert).rsplit("\n", 1)[-1]
-        if not self.lang.opens.search(last):
+        if len(last) > OPENER_LINE or not self.lang.opens.search(last):
             return False
         lead = last[: len(last) - len(last.lstrip(" \t"))]
         eol = self.text.find("\n", self.offset + replace_right)
@@ -517,7 +519,7 @@ def multiline_at(text: str, offset: int, language: str | None, path: str | None 
         return None
     line_start = text.rfind("\n", 0, offset) + 1
     before = text[line_start:offset]
-    stripped = before.rstrip()
+    stripped = before.rstrip()[-OPENER_LINE:]
     data = text.encode("utf-8", "surrogatepass")
     bo = len(text[:offset].encode("utf-8", "surrogatepass"))
     tree = document_tree(lang.name, path or lang.name, data)
@@ -547,6 +549,6 @@ def multiline_at(text: str, offset: int, language: str | None, path: str | None 
         return True  # at the end of a block opener
     if not stripped:
         prev = text[:line_start].rstrip("\n").rsplit("\n", 1)[-1]
-        if lang.opens.search(prev.rstrip()):
+        if len(prev) <= OPENER_LINE and lang.opens.search(prev.rstrip()):
             return True  # the line after a block opener
     return None
