@@ -295,14 +295,15 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 def _read_tensors(
     plan: dict[str, _Entry], device: torch.device, dtype: torch.dtype, out: dict[str, torch.Tensor],
-    mapped: frozenset[str] = frozenset(),
+    mapped: frozenset[str] = frozenset(), own_dtype: frozenset[str] = frozenset(),
 ) -> None:
     """Read each planned tensor from its memory-mapped file into ``out`` (Transformer
     name -> tensor), converted to ``dtype`` on ``device`` one at a time, so the peak
     is the model plus one tensor. Tensors are read straight onto CUDA when the target
     is CUDA; on CPU each is copied out of the map into the process's own memory, except the
     ``mapped`` ones: those stay views of the map in the file's own dtype (the int8 weights
-    are made from them during the load, and the views let go)."""
+    are made from them during the load, and the views let go), and the ``own_dtype`` ones are
+    copied in the file's dtype (a bf16 embedding table stays bf16: a lookup, cast after)."""
     by_file: dict[Path, list[str]] = {}
     for target, e in plan.items():
         by_file.setdefault(e.file, []).append(target)
@@ -321,6 +322,9 @@ def _read_tensors(
                     t = f.get_tensor(plan[target].ckpt_name)
                     if target in mapped and st_device == "cpu":
                         out[target] = t
+                        continue
+                    if target in own_dtype:
+                        out[target] = t.to(device=device, copy=private_copy)
                         continue
                     out[target] = t.to(device=device, dtype=dtype, copy=private_copy)
                     del t
@@ -384,7 +388,9 @@ def _materialise(
         model = _skeleton(cfg)
         mapped = frozenset(n for n in plan if _BLOCK_LINEAR.match(n)) if weights == "int8" \
             else frozenset()
-        _read_tensors(plan, device, dtype, state, mapped)
+        # int8: the embedding is a lookup (the head gets its own int8 copy), kept as stored
+        own = frozenset({"embed_tokens.weight"} & set(plan)) if weights == "int8" else frozenset()
+        _read_tensors(plan, device, dtype, state, mapped, own)
         model.load_state_dict(state, strict=True, assign=True)
         state.clear()
         leftover = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]

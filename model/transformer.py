@@ -181,6 +181,8 @@ class Transformer(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         x = self.embed_tokens(input_ids)
+        if x.dtype != self.norm.weight.dtype:  # an embedding kept as stored (int8 weights)
+            x = x.to(self.norm.weight.dtype)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         key_mask = None
         if attention_mask is not None:

@@ -90,6 +90,8 @@ def test_loader_makes_int8_from_the_files_own_dtype(tmp_path, dtype):
     assert load_model(tmp_path).weights == "fp32"  # auto: a few-MB model
     lm = load_model(tmp_path, weights="int8")
     assert lm.weights == "int8" and lm.dtype == torch.float32
+    assert lm.model.embed_tokens.weight.dtype == dtype  # a lookup: kept as stored
+    assert lm.model.norm.weight.dtype == torch.float32
     ref = quantize_model(load_model(tmp_path, weights="fp32").model)
     a = lm.model.layers[0].mlp.up_proj.dequantized()
     b = ref.layers[0].mlp.up_proj.dequantized()
