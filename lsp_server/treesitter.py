@@ -11,23 +11,40 @@ and new text) is applied with ``Tree.edit`` and the parser reuses every subtree 
 
 **The syntax guard** (:class:`TreeGuard`). A suggestion is dropped when the code where it lands
 has no error (no ``ERROR`` or ``MISSING`` node) and has one with the suggestion applied. "Where
-it lands" is a *segment*: the innermost node of the buffer's tree that strictly holds the edit,
-has no error and, parsed on its own (after the language's ``wrap``), is again one node of the
-same type (a block, a function, a class body, a statement: whatever the grammar makes of it);
-failing that, the run of top-level nodes around the edit. A candidate costs one parse of its
-segment; an edited segment that does not parse (or is no longer one node of that type) is
-judged once more on the next segment out (an edit can join a neighbour: ``} else {``). Still
-broken: dropped, unless the suggestion's last line opens a block (the language's ``opens``)
-and closing it (the brackets it left open, or one of the language's ``closers``) makes the
-segment parse: a user starting a block on purpose. No clean segment (the code around the
-cursor has errors already: mid-typing), nothing is filtered, as for Python. Re-parsing the
-whole buffer with the suggestion (:meth:`TreeGuard.keeps_whole`) is the reference rule; it is
-not used on the hot path (an unclosed brace makes tree-sitter re-parse everything after it).
+it lands" is a *segment*: a node of the buffer's tree that strictly holds the edit, spans whole
+lines (a statement, a block, a declaration: not a piece of an expression), has no error and,
+parsed on its own (after the language's ``wrap``, before a line end), is again one node of the
+same type; failing those, the run of top-level nodes around the edit. Up to :data:`SEGMENTS`
+of them, innermost first; a larger one than :data:`SEGMENT_MAX` is not taken. Each segment's
+tree is remembered (and re-parsed incrementally on the next keystroke), so a candidate costs an
+incremental re-parse of its segment with the edit applied; it is kept when one segment still
+parses (as one node of its type, unless that node sits in a list of statements, where one may
+become several). Every segment broken: dropped, unless
+
+* the suggestion's last line opens a block with no body yet (the language's ``opens``; the
+  code after it is not indented deeper) and closing it (the brackets it left open, or one of
+  the language's ``closers``) makes the segment parse: a user starting a block on purpose;
+* or the whole buffer re-parsed with the suggestion (incrementally, within the same budget)
+  has no error, or fewer error and missing nodes than before: the suggestion restores a
+  structure the segments could not see (a Ruby ``begin`` whose ``end`` closed the method
+  until then, a brace missing further down).
+
+No clean segment (the code around the cursor has errors already: mid-typing), nothing is
+filtered, as for Python. Every re-parse of a candidate is bounded in parser work
+(:data:`BUDGET`, the parser's progress reports: deterministic, not a clock): an edit that makes
+the parser redo more than that after it (an unclosed bracket re-parses the rest of the segment)
+counts as broken. A parse stuck in error recovery (a time cap far above a normal parse) decides
+nothing and the suggestion is kept. Re-parsing the whole buffer with the suggestion
+(:meth:`TreeGuard.keeps_whole`) is the reference rule; the segment rule agrees with it or is
+stricter (tests/unit/lsp_server/test_treesitter.py).
+
+**The multi-line policy** (:func:`multiline_at`, the ``auto`` policy): several lines in an
+empty block body and after a block opener, one line in an argument list, a condition, an array
+or the middle of an expression; the text rule elsewhere.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import importlib
 import threading
@@ -389,18 +406,30 @@ class TreeGuard:
 
     def _top_run(self, lo: int, hi: int) -> tuple[int, int] | None:
         """The top-level nodes holding ``lo`` and ``hi``; an end that sits between nodes takes the
-        neighbour on its side (None when one of them has an error)."""
-        kids = self.tree.root_node.children
-        if not kids:
+        neighbour on its side (None when one of them has an error). A binary search over the
+        root's children (a large file has thousands)."""
+        root = self.tree.root_node
+        count = root.child_count
+        if not count:
             return None
-        ends = [k.end_byte for k in kids]
-        i = min(bisect.bisect_left(ends, lo), len(kids) - 1)  # the first node ending at or after lo
-        if kids[i].start_byte >= lo and i > 0:
-            i -= 1  # lo is before that node: take the one before too
-        j = min(bisect.bisect_left(ends, hi), len(kids) - 1)
-        if kids[i].has_error or kids[j].has_error:
+
+        def first_ending_at(x: int) -> int:  # the first child whose end is at or after x
+            a, b = 0, count - 1
+            while a < b:
+                m = (a + b) // 2
+                if root.child(m).end_byte < x:
+                    a = m + 1
+                else:
+                    b = m
+            return a
+
+        i, j = first_ending_at(lo), first_ending_at(hi)
+        first, last = root.child(i), root.child(j)
+        if first.start_byte >= lo and i > 0:
+            first = root.child(i - 1)  # lo is before that node: take the one before too
+        if first.has_error or last.has_error:
             return None
-        return min(kids[i].start_byte, lo), max(kids[j].end_byte, hi)
+        return min(first.start_byte, lo), max(last.end_byte, hi)
 
     def _edited(self, a: int, b: int, ins: bytes, rr: int) -> bytes:
         return self.data[a:self.bo] + ins + self.data[self.bo + rr:b]

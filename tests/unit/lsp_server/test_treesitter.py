@@ -314,3 +314,18 @@ def test_completer_cuts_where_the_suggestion_leaves_the_block_and_guards_go():
     answers = ["y := (x + 1", "return x + 1\n}\n\nfunc g() {\n\tprintln(1)"]
     got = _complete(answers, buf, "go")
     assert [s.text for s in got] == ["return x + 1"]  # cut before the function's closer; the broken one withheld
+
+
+def test_python_path_unchanged_by_the_layer():
+    """Python: the ast guard, the text multi-line rule, no scope cut, the old auto-closed set
+    (what the held-out Python evaluation measured before the layer)."""
+    from diffill.lsp_server.postprocess import AUTO_CLOSED, postprocess
+
+    buf = "def f(xs):\n    total = [\n        1,\n        |\n"
+    text, off = _at(buf)
+    assert treesitter.multiline_at(text, off, "python", "/t/p.py") is None
+    assert SyntaxGuard(text, off, language="python").tree_guard is None
+    got = _complete(["2,\n    ]\n    return total"], buf, "python")
+    want = postprocess("2,\n    ]\n    return total", line_prefix="        ", line_suffix="",
+                       prefix=text[:off], auto_closed=AUTO_CLOSED)
+    assert [s.text for s in got] == [want.text]  # a closer on a continuation line is not cut
