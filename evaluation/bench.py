@@ -24,6 +24,7 @@ Everything returned is JSON-able; :func:`format_table` and :func:`plot` render i
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import platform
@@ -39,11 +40,20 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..kernels import select_unmask as su
 from ..model import attention
+from ..model.cache import SharedContext
 from ..model.config import ModelConfig
 from ..model.engine import Engine, EngineOptions
 from ..model.loader import LoadedModel, default_model_path, load_model
 from ..model.plan import synthetic_request, time_ms
-from ..model.sampler import SamplerConfig
+from ..model.quant import quantize_model
+from ..model.sampler import (
+    SamplerConfig,
+    SpecialIds,
+    StepSpec,
+    build_canvas,
+    denoise_step,
+    initial_state,
+)
 from ..model.transformer import Transformer
 from .ar import generate
 
@@ -519,9 +529,6 @@ def step_variants(bm: BenchModel, *, ctx: int = 256, hole: int = 32, candidates:
     :class:`~diffill.model.cache.SharedContext`); ``models`` adds ``name -> model`` (e.g. the
     int8 weights) run with the shared context. Per variant: fastest and median ms; ratios
     against the first variant's fastest."""
-    from ..model.cache import SharedContext  # bench-only: the cache's step wrapper
-    from ..model.sampler import SpecialIds, StepSpec, build_canvas, denoise_step, initial_state
-
     log = log or (lambda s: None)
     cfg, dev = bm.config, bm.device
     lengths = list(_lengths(hole, candidates))[::-1] + [hole] * drafts
@@ -564,10 +571,6 @@ def step_variants(bm: BenchModel, *, ctx: int = 256, hole: int = 32, candidates:
 
 def int8_copy(model: Any) -> Any:
     """A copy of ``model`` with int8 weights (:func:`~diffill.model.quant.quantize_model`)."""
-    import copy  # bench-only
-
-    from ..model.quant import quantize_model
-
     return quantize_model(copy.deepcopy(model))
 
 

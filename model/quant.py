@@ -59,13 +59,19 @@ def resolve_weights(weights: str | None, *, device: torch.device | str, params: 
     return w
 
 
-def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_channel(w: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] (any float dtype) -> (int8 [N, K], scale [N] fp32): symmetric per output
-    channel, ``w ~ q * scale``. A zero row gets scale 1 (its codes are all 0)."""
-    wf = w.float()
-    scale = wf.abs().amax(1) / 127.0
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    channel, ``w ~ q * scale``. A zero row gets scale 1 (its codes are all 0). Works through
+    ``chunk`` rows at a time, so a vocabulary-sized head costs no full fp32 copy."""
+    q = torch.empty(w.shape, dtype=torch.int8)
+    scale = torch.empty(w.shape[0], dtype=torch.float32)
+    for i in range(0, w.shape[0], chunk):
+        wf = w[i:i + chunk].to(torch.float32, copy=True)
+        s = wf.abs().amax(1) / 127.0
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        wf.div_(s[:, None]).round_().clamp_(-127, 127)
+        q[i:i + chunk] = wf.to(torch.int8)
+        scale[i:i + chunk] = s
     return q, scale
 
 
