@@ -27,6 +27,7 @@ import ast
 import re
 import textwrap
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -85,6 +86,24 @@ def imports(text: str) -> dict[str, Imported]:
     return out
 
 
+_TOP_DEF = re.compile(r"^(?:async[ \t]+def|def|class)[ \t]", re.MULTILINE)
+
+
+def import_region(text: str, offset: int) -> str:
+    """The lines imports are read from: the module's head (up to its first top-level
+    ``def``/``class``) and the ``NEAR_LINES`` lines above the cursor (a function's own
+    imports), so a long buffer is not scanned on every request."""
+    m = _TOP_DEF.search(text, 0, min(len(text), 200_000))
+    head = text[: m.start()] if m else text[:200_000]
+    lo = offset
+    for _ in range(NEAR_LINES):
+        lo = text.rfind("\n", 0, lo - 1) if lo > 0 else -1
+        if lo < 0:
+            lo = 0
+            break
+    return head + "\n" + text[max(lo, len(head)):offset] if lo >= len(head) or not m else text[:offset]
+
+
 def near_names(text: str, offset: int, lines: int = NEAR_LINES) -> list[str]:
     """Names (and ``a.b`` attribute reads) around the cursor, nearest the cursor first."""
     lo = offset
@@ -127,17 +146,33 @@ def module_path(index: WorkspaceIndex, imp: Imported, current: str | None) -> st
     return index.find_module(tail)
 
 
-_TOP = r"^(?:async[ \t]+def|def|class)[ \t]+{name}\b|^{name}[ \t]*(?::[^=\n]*)?="
+def _line_start(text: str, needle: str, assignment: bool = False) -> int:
+    """Where a line starting with ``needle`` (then not an identifier character; for an
+    assignment, then ``=`` or ``:`` after optional spaces) begins in ``text``; -1 if none."""
+    pos = 0 if text.startswith(needle) else text.find("\n" + needle)
+    while pos >= 0:
+        start = pos if pos == 0 and text.startswith(needle) else pos + 1
+        after = text[start + len(needle): start + len(needle) + 40]
+        nxt = after[:1]
+        if assignment:
+            if after.lstrip(" \t")[:1] in ("=", ":") and not after.lstrip(" \t").startswith("=="):
+                return start
+        elif not (nxt.isalnum() or nxt == "_"):
+            return start
+        pos = text.find("\n" + needle, start + 1)
+    return -1
 
 
 def _block(text: str, name: str) -> str | None:
     """The top-level definition of ``name`` in ``text``: its lines (the statement and the
-    lines indented under it), or None."""
-    m = re.search(_TOP.format(name=re.escape(name)), text, re.MULTILINE)
-    if m is None:
+    lines indented under it), or None. Found with ``str.find`` (no pattern per name)."""
+    found = [p for p in (_line_start(text, "def " + name), _line_start(text, "async def " + name),
+                         _line_start(text, "class " + name),
+                         _line_start(text, name, assignment=True)) if p >= 0]
+    if not found:
         return None
-    start = m.start()
-    lines = text[start:].split("\n")
+    start = min(found)
+    lines = text[start:start + 40_000].split("\n")
     out = [lines[0]]
     for ln in lines[1:]:
         if ln.strip() and not ln[:1].isspace() and not ln.lstrip().startswith((")", "]", "}")):
@@ -204,15 +239,23 @@ class DefinitionFinder:
         self._cache: OrderedDict[tuple[str, str, int], str | None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def outline_of(self, path: str, name: str) -> str | None:
-        text = self.index.file_text(path)
-        if text is None:
-            return None
-        key = (path, name, hash(text))
+    def cached(self, path: str, name: str) -> tuple[bool, str | None]:
+        """(known, outline) without reading the file."""
+        key = (path, name, self.index.version(path) or 0)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
-                return self._cache[key]
+                return True, self._cache[key]
+        return False, None
+
+    def outline_of(self, path: str, name: str) -> str | None:
+        known, got = self.cached(path, name)
+        if known:
+            return got
+        key = (path, name, self.index.version(path) or 0)
+        text = self.index.file_text(path)
+        if text is None:
+            return None
         block = _block(text, name)
         got = outline(block) if block is not None else None
         if got is not None and len(got) > MAX_CHARS:
@@ -223,10 +266,13 @@ class DefinitionFinder:
                 self._cache.popitem(last=False)
         return got
 
-    def find(self, text: str, offset: int, path: str | None, *, limit: int = MAX_DEFS
+    def find(self, text: str, offset: int, path: str | None, *, limit: int = MAX_DEFS,
+             deadline: float | None = None, deferred: list[tuple[str, str]] | None = None
              ) -> list[Definition]:
-        """The definitions of the imported names used near the cursor, nearest use first."""
-        imps = imports(text)
+        """The definitions of the imported names used near the cursor, nearest use first.
+        ``deadline`` (a ``time.perf_counter()`` value): past it, outlines not cached yet are
+        not made but appended to ``deferred`` (for a background thread to make)."""
+        imps = imports(import_region(text, offset))
         if not imps:
             return []
         out: list[Definition] = []
@@ -239,7 +285,14 @@ class DefinitionFinder:
             for mod, target in self._candidates(imp, head, used, attr, path):
                 if (mod, target) in seen:
                     break
-                got = self.outline_of(mod, target)
+                if deadline is not None and time.perf_counter() > deadline:
+                    known, got = self.cached(mod, target)
+                    if not known:
+                        if deferred is not None:
+                            deferred.append((mod, target))
+                        continue
+                else:
+                    got = self.outline_of(mod, target)
                 if got:
                     seen.add((mod, target))
                     out.append(Definition(mod, target, got))

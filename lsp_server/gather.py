@@ -16,7 +16,9 @@ prefix's last lines). Paths in the header are relative to the workspace folder h
 file when there is one.
 
 Bounded: a search costs ~1 ms on a 5,000-file index (:mod:`.workspace`), a definition is
-outlined once per file text (:mod:`.definitions`), the ring holds 16 regions.
+outlined once per file text (:mod:`.definitions`) -- with ``budget_ms`` (the server's
+:data:`DEFINITIONS_BUDGET_MS`) the outlines not made by then are left to a background
+thread and come with a later request --, the ring holds 16 regions.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ QUERY_LINES_BELOW = 3
 RETRIEVED = 4  # chunks for the header
 DRAFT_CHUNKS = 8  # chunks for the draft sources
 RECENT = 3
+DEFINITIONS_BUDGET_MS = 2.0
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Extras:
     snippets: list[Snippet] = field(default_factory=list)
     workspace: list[str] = field(default_factory=list)
     ms: float = 0.0
+    deferred: list[tuple[str, str]] = field(default_factory=list)  # outlines not made in time
 
 
 def query_window(text: str, offset: int, above: int = QUERY_LINES_ABOVE,
@@ -80,11 +84,12 @@ class Gatherer:
                uri: str | None = None, definitions: bool = False, retrieved: bool = False,
                recent: bool = False, drafts: bool = False,
                text_of: Callable[[str], str | None] | None = None,
-               exclude: str | None = None) -> Extras:
+               exclude: str | None = None, budget_ms: float | None = None) -> Extras:
         """The extras for the cursor at ``offset`` of ``text`` (the file ``path``, as the
         index names it; ``exclude``: the indexed file left out of the search, default
         ``path``; ``uri``/``text_of``: the document and how to read open documents, for the
-        ring)."""
+        ring; ``budget_ms``: past it, definitions not outlined yet are left for later,
+        ``Extras.deferred``)."""
         t0 = time.perf_counter()
         out = Extras()
         here = path
@@ -109,8 +114,10 @@ class Gatherer:
                         out.snippets.append(Snippet(self.shown_path(h.path), body, None,
                                                     "workspace"))
         if definitions and self.finder is not None and _is_python(language, path):
+            deadline = None if budget_ms is None else t0 + budget_ms / 1000.0
             defs = [Snippet(self.shown_path(d.path), d.text, "python", "definition")
-                    for d in self.finder.find(text, offset, here)]
+                    for d in self.finder.find(text, offset, here, deadline=deadline,
+                                              deferred=out.deferred)]
             out.snippets[:0] = defs
         if recent and self.ring is not None and text_of is not None:
             for c in self.ring.chunks(text_of, exclude=uri, limit=RECENT):

@@ -78,9 +78,9 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     """Index the text files under the workspace folders, in memory (``.gitignore`` honoured;
     vendored, generated and binary files skipped; ``lsp_server/workspace.py``) for the
     workspace drafts and context below. Nothing is written to disk or sent anywhere."""
-    workspace_max_files: Annotated[int, Meta(ge=0, le=200_000)] = 20_000
+    workspace_max_files: Annotated[int, Meta(ge=0, le=200_000)] = 10_000
     """Most files the workspace index holds (the rest is left out and counted)."""
-    workspace_max_mb: Annotated[int, Meta(ge=1, le=4096)] = 256
+    workspace_max_mb: Annotated[int, Meta(ge=1, le=4096)] = 100
     """Most text the workspace index holds, in millions of characters (kept compressed)."""
     workspace_drafts: bool = True
     """Draft sources (prompt lookup, suffix lookup) also search the workspace chunks most

@@ -36,7 +36,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
-from .gather import Extras, Gatherer
+from .gather import DEFINITIONS_BUDGET_MS, Extras, Gatherer
 from .options import CompletionOptions
 from .recent import RecentRing
 from .workspace import IndexLimits, WorkspaceIndex, build_index, read_text_file
@@ -226,7 +226,11 @@ class WorkspaceSync:
         ex = self.gatherer.gather(
             text, offset, path=path, language=language, uri=uri,
             definitions=o.definitions_context, retrieved=o.workspace_context,
-            recent=o.recent_context, drafts=o.drafts and o.workspace_drafts, text_of=text_of)
+            recent=o.recent_context, drafts=o.drafts and o.workspace_drafts, text_of=text_of,
+            budget_ms=DEFINITIONS_BUDGET_MS)
+        finder = self.gatherer.finder
+        for mod, name in ex.deferred if finder is not None else ():
+            self._pool.submit(finder.outline_of, mod, name)  # ready for the next request
         self.gather_ms.append(ex.ms)
         del self.gather_ms[:-512]
         return ex
