@@ -76,7 +76,7 @@ def price(backend: Any, *, ctx_tokens: int, max_tokens: int, n: int = 1,
     if plan is None or not plan.timings:
         return None
     from ..model.engine import default_lengths  # torch: loaded with the model
-    from ..model.plan import predict_ms
+    from ..model.plan import predict_ms  # as above
 
     rows = len(default_lengths(max_tokens, n))
     ctx = max(1, ctx_tokens)

@@ -91,7 +91,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import msgspec
 from aiohttp import web
@@ -99,17 +99,14 @@ from msgspec import Meta
 
 from .completer import Completer
 from .context import Snippet
-
-if TYPE_CHECKING:
-    from .http_server import FillResult, HttpFront
-
-from .http_server import (
+from .http_wire import (
     MAX_STOP,
     Fill,
+    FillResult,
     Reply,
     RequestError,
-    _param_of,
-    _printable,
+    param_of,
+    printable,
     request_id,
 )
 
@@ -161,7 +158,7 @@ def parse_infill(body: bytes) -> InfillRequest:
     try:
         req = msgspec.json.decode(body, type=InfillRequest)
     except msgspec.ValidationError as e:
-        raise RequestError(400, f"invalid request: {e}", param=_param_of(e)) from None
+        raise RequestError(400, f"invalid request: {e}", param=param_of(e)) from None
     except msgspec.DecodeError as e:
         raise RequestError(400, f"malformed JSON body: {e}") from None
     except RecursionError:
@@ -298,7 +295,7 @@ class TokenCache:
 class LlamaInfill:
     """The ``/infill`` and ``/props`` handlers over an :class:`HttpFront`."""
 
-    def __init__(self, front: HttpFront) -> None:
+    def __init__(self, front: Any) -> None:  # an http_server.HttpFront (which imports this)
         self.front = front
         self.cache: TokenCache | None = None
         self._warm_lock = threading.Lock()
@@ -490,7 +487,7 @@ class LlamaInfill:
                            "temperature": 0.0, "stream": False},
             },
             "total_slots": front.config.workers,
-            "model_path": _printable(names[0]),
+            "model_path": printable(names[0]),
             "modalities": {"vision": False, "audio": False},
             "build_info": "diffill serve-http (a masked-diffusion model; /infill contract of "
                           "llama-server)",

@@ -85,7 +85,7 @@ def available() -> bool:
     return _ts is not None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grammar(name: str) -> Any | None:
     """The ``tree_sitter.Language`` of a table language, or None (no grammar, or not installed)."""
     lang = lookup(name)

@@ -254,7 +254,7 @@ def rates(lang: str, n_files: int, k: int, rng: random.Random) -> dict:
     files = corpus(lang, n_files, rng, real)
     kept = total = dropped = counted = judged = agree = compared = counted_j = dropped_j = 0
     for text in files:
-        for kind, c, mid in holes(text, rng, k):
+        for _kind, c, mid in holes(text, rng, k):
             holed = text[:c] + text[c + len(mid):]
             g = guard_for(lang, holed, c)
             tg = g.tree_guard

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from diffill.lsp_server import treesitter
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
-
-from diffill.lsp_server import treesitter
 from support.constant_checkpoint import word_id, write_constant_checkpoint
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

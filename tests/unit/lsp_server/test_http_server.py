@@ -534,7 +534,7 @@ async def test_no_body_is_read_before_the_token_and_a_queue_slot(serve, backend)
 async def test_connection_cap(serve, backend):
     """With every connection busy (here: each uploading a body that has not all arrived),
     a new one gets 503 and is closed. (Connections that only wait are closed to make room
-    instead: tests/unit/lsp_server/test_http_probe.py.)"""
+    instead: tests/unit/lsp_server/test_http_server_probe.py.)"""
     client, _ = await serve(backend, max_connections=3)
     held = []
     for _ in range(3):
