@@ -368,13 +368,15 @@ def token_scores(
     else:
         logq = logp_all
         tok = logits.argmax(dim=-1)
-    q = logq.exp()
+    # only the entropy needs every probability: exp over the whole vocabulary was ~0.6 s of
+    # a 0.5B-shape CPU step (4 rows x 32 slots x 152k)
     if strategy is Strategy.CONFIDENCE:
-        score = q.gather(-1, tok[..., None])[..., 0]
+        score = logq.gather(-1, tok[..., None])[..., 0].exp()
     elif strategy is Strategy.MARGIN:
-        top2 = q.topk(2, dim=-1).values
+        top2 = logq.topk(2, dim=-1).values.exp()
         score = top2[..., 0] - top2[..., 1]
     elif strategy is Strategy.ENTROPY:
+        q = logq.exp()
         score = torch.exp((q * logq.clamp_min(-1e30)).sum(-1))  # exp(-H)
     else:  # pragma: no cover
         raise ValueError(f"unknown strategy {strategy}")
