@@ -571,7 +571,7 @@ def cache_quality(lm: Any, n: int, *, refresh: list[int], heldout: str | None = 
     base: list[list[int]] = []
     for r in refresh:
         eng = Engine(lm, SamplerConfig(steps=steps),
-                     options=EngineOptions(batch=False, refresh_every=r))
+                     options=EngineOptions(batch=False, refresh_every=r, context="row"))
         em = agree = 0
         t0 = time.perf_counter()
         mids = []
