@@ -7,9 +7,10 @@ saves memory but no time. What runs instead is torch's own dynamic-quantized lin
 (symmetric, scale = max |w| / 127 per row, packed once at load), activations quantized per
 call (per tensor, 7-bit range on x86 so that FBGEMM's 8-bit products cannot saturate),
 int32 accumulation, fp32 out. Measured against the candidates on a 2-core AVX2 EPYC
-(BENCHMARKS.md, *int8 weights on a CPU*): ``aten._weight_int8pack_mm`` and ``torch._int_mm``
-have no fast CPU kernel here (50-100x slower than fp32), bf16 matmuls without native bf16
-(no avx512_bf16 / amx) are ~10x slower than fp32.
+(BENCHMARKS.md, *One context per request and int8 weights on a CPU*):
+``aten._weight_int8pack_mm`` and ``torch._int_mm`` have no fast CPU kernel here (50-100x
+slower than fp32), bf16 matmuls without native bf16 (no avx512_bf16 / amx) are ~10x slower
+than fp32.
 
 :func:`quantize_model` swaps every linear layer of the transformer blocks for an
 :class:`Int8Linear` and, with ``head=True``, gives the (tied or not) LM head an int8 copy;
