@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         if errs:
             notes.append(f"{name}: {len(errs)} completion(s) raised and count as empty; first: {errs[0]}")
     for name, outs in he_out.items():
-        if name == "model" and samples is not None:
+        if (name == "model" and samples is not None) or not args.humaneval:
             continue
         p = out / f"samples_{name}.jsonl"
         write_samples(p, ((t.task_id, t.completion_for(o.insert)) for t, o in zip(tasks, outs, strict=True)))
@@ -277,8 +277,9 @@ def run(args: argparse.Namespace) -> int:
         if exe:
             m.update(exec_metrics(exe, completions(outs, exe), cache))
         he_section["systems"][name] = m
-        rows = per_task_rows(tasks, outs, cache)
-        write_jsonl(out / f"details_humaneval_{name}.jsonl", rows)
+        if args.humaneval:
+            rows = per_task_rows(tasks, outs, cache)
+            write_jsonl(out / f"details_humaneval_{name}.jsonl", rows)
     if args.humaneval:
         results["humaneval"] = he_section
         results["sandbox"] = sandbox.isolation()

@@ -148,3 +148,28 @@ def test_bad_arguments(tmp_path, capsys):
     assert parse_steps("8,1,2,2") == [1, 2, 8]
     with pytest.raises(ValueError, match="integer"):
         parse_steps("1,x")
+
+
+def test_eval_repository_level_set_and_workspace_cost(tmp_path, capsys, model_dir, heldout_file):
+    """The repository-level section alone (--no-humaneval): the four model systems and the
+    three non-neural ones per set, and the index cost on a small folder."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("def f(x):\n    return x + 1\n")
+    rc, stdout, stderr = run_cli(
+        capsys, "eval", "--model", str(model_dir), "--steps", "2", "--no-humaneval", "--no-heldout",
+        "--heldout", str(heldout_file), "--repo-lines", "3", "--repo-spans", "1",
+        "--repo-cost", str(ws), "--repo-cost-files", "10", "--out", str(tmp_path / "out"),
+        "--json", "--no-progress",
+    )
+    assert rc == 0, stderr
+    data = json.loads(stdout)
+    assert "humaneval" not in data
+    systems = {"model+drafts", "+ws.drafts", "+ws.context", "+ws.both", "baseline",
+               "drafts-only", "drafts-only+ws"}
+    for kind, n in (("lines", 3), ("spans", 1)):
+        part = data["repo"][kind]
+        assert part["tasks"] == n and set(part["systems"]) == systems
+        assert part["systems"]["+ws.drafts"]["gather_p95_ms"] >= 0
+    cost = data["repo_cost"]
+    assert cost["files"] == 1 and cost["completion_while_building_ms"] > 0
