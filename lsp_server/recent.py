@@ -2,8 +2,9 @@
 chunks (16 chunks of 64 lines, gathered on yank, buffer enter/leave and save, a chunk
 evicted when a new one is more than 0.9 similar to it).
 
-Here a *region* is a place the user edited (``didChange``) or asked for a completion at (a
-visit), in any document: its document and row. A new note within ``lines // 2`` rows of a
+Here a *region* is a place the user edited (``didChange``), opened (``didOpen``: the first
+lines) or asked for a completion at (a visit), in any document: its document and row (LSP
+says nothing of yanks or of the cursor moving between documents, two of llama.vim's events). A new note within ``lines // 2`` rows of a
 region of the same document moves that region to the front (and to the new row); otherwise
 it is a new region, and the oldest one falls out past ``size``. The text of a region is read
 when the context is gathered (:meth:`RecentRing.chunks`), from the document as it is then --

@@ -612,6 +612,8 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DiffillServer, params: types.DidOpenTextDocumentParams) -> None:
         ls.note_edit(params.text_document.uri, 0)
+        doc = params.text_document  # a visit, for the ring of recent regions (its first lines)
+        ls.workspace_sync.visited(doc.uri, to_fs_path(doc.uri), 0, doc.language_id)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DiffillServer, params: types.DidChangeTextDocumentParams) -> None:

@@ -11,7 +11,8 @@ kept current, the ring of recent regions, and the extras each request gets.
   when the client allows it: ``workspace.didChangeWatchedFiles.dynamicRegistration``); an
   edited open document is re-indexed from its text half a second after its last change, on
   the index's thread; a file under no workspace folder is indexed while it is open.
-* **Recent**: every edit and every completion request notes its place in the ring
+* **Recent**: every opened document (its first lines), every edit and every completion
+  request notes its place in the ring
   (:mod:`.recent`); a closed document's text is kept for its regions.
 * **Per request** (:meth:`WorkspaceSync.extras`): :class:`~.gather.Gatherer` with what the
   options turn on (``workspaceDrafts``, ``workspaceContext``, ``definitionsContext``,
