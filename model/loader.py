@@ -47,7 +47,7 @@ from safetensors import safe_open
 from torch.overrides import TorchFunctionMode
 
 from .config import ConfigError, ModelConfig, read_config
-from .quant import quantize_model, resolve_weights
+from .quant import count_parameters, quantize_model, resolve_weights
 from .recipes import CheckpointFacts, RecipeError, choose_recipe, resolve_recipe
 from .runtime import ensure_cpu_threads
 from .tokenizer import Tokenizer, TokenizerError
@@ -111,7 +111,9 @@ class LoadedModel:
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """The checkpoint's parameters (int8 weights counted as the weights they stand for;
+        the int8 copy of a tied head not counted twice)."""
+        return count_parameters(self.model)
 
     @property
     def family(self) -> str:

@@ -123,3 +123,15 @@ def quantize_model(model: Any, *, head: bool = True) -> Any:
             model.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)
     model.weights = "int8"
     return model
+
+
+def count_parameters(model: Any) -> int:
+    """Parameters of ``model`` with each :class:`Int8Linear` counted as its weight (and bias);
+    the int8 head of a tied model is the embedding again and is not counted."""
+    n = sum(p.numel() for p in model.parameters())
+    head = getattr(model, "int8_head", None)
+    tied = getattr(model, "lm_head", None) is None
+    for m in model.modules():
+        if isinstance(m, Int8Linear) and not (m is head and tied):
+            n += m.in_features * m.out_features + (m.out_features if m.bias_present else 0)
+    return n

@@ -9,6 +9,7 @@ from diffill.model.loader import load_model
 from diffill.model.quant import (
     AUTO_INT8_PARAMS,
     Int8Linear,
+    count_parameters,
     int8_available,
     quantize_model,
     quantize_per_channel,
@@ -51,6 +52,7 @@ def test_quantized_model_logits_stay_close(tied):
     quantize_model(model)
     assert model.weights == "int8" and model.int8_head is not None
     assert not any(isinstance(m, torch.nn.Linear) for m in model.layers.modules())
+    assert count_parameters(model) == sum(p.numel() for p in ref_model.parameters())
     ids = torch.randint(4, cfg.vocab_size, (3, 40), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         got = model(ids)
@@ -92,7 +94,9 @@ def test_loader_makes_int8_from_the_files_own_dtype(tmp_path, dtype):
     assert lm.weights == "int8" and lm.dtype == torch.float32
     assert lm.model.embed_tokens.weight.dtype == dtype  # a lookup: kept as stored
     assert lm.model.norm.weight.dtype == torch.float32
-    ref = quantize_model(load_model(tmp_path, weights="fp32").model)
+    fp = load_model(tmp_path, weights="fp32")
+    assert lm.num_parameters == fp.num_parameters  # int8 weights still count
+    ref = quantize_model(fp.model)
     a = lm.model.layers[0].mlp.up_proj.dequantized()
     b = ref.layers[0].mlp.up_proj.dequantized()
     assert torch.equal(a, b)
