@@ -218,14 +218,18 @@ def load_local_backend(
     supplies the engine's latency budget and the ``recipe`` override (``recipe`` given here
     wins); ``max_steps`` bounds the steps its plan chooses."""
     from ..model import load_model  # torch: the server imports this module before `initialize`
-    from ..model.engine import Engine  # torch: as above
+    from ..model.engine import Engine, EngineOptions  # torch: as above
     from ..model.runtime import resolve_device  # torch: as above
 
     if recipe is None and options is not None:
         recipe = options.recipe
-    lm = load_model(model_path, device=str(resolve_device(device)), recipe=recipe)
+    # "auto" leaves the choice to the model side (and its DIFFILL_WEIGHTS / DIFFILL_CONTEXT)
+    weights = None if options is None or options.weights == "auto" else options.weights
+    context = "auto" if options is None else options.context
+    lm = load_model(model_path, device=str(resolve_device(device)), recipe=recipe, weights=weights)
     budget = None if options is None else options.latency_budget_ms
-    return LocalBackend(Engine(lm, budget_ms=budget, max_steps=max_steps))
+    return LocalBackend(Engine(lm, budget_ms=budget, max_steps=max_steps,
+                               options=EngineOptions(context=context)))
 
 
 BACKENDS: dict[str, Callable[..., Backend]] = {
