@@ -40,7 +40,8 @@ become tombstones (skipped by search) and are reclaimed when they exceed half of
 chunks (:meth:`~WorkspaceIndex.compact`, from the stored texts).
 
 Thread-safety: one lock; the build runs on its own thread (:func:`build_index`), one file
-at a time under the lock, so a search waits at most one file's indexing.
+at a time under the lock; a search waits for it at most :data:`BUSY_WAIT_S` (20 ms) and
+finds nothing this time past that (a compaction of a big index takes seconds).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ import numpy as np
 
 CHUNK_LINES = 16
 TEXT_CACHE = 32
+BUSY_WAIT_S = 0.02
+"""Longest a search waits for the index's lock (held while a file is indexed, or for a
+compaction): past it the search finds nothing this time, so a completion never waits."""
 """Decompressed texts kept (the files of recent hits)."""
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")
 DEAD = 0xFFFFFFFF
@@ -477,48 +481,55 @@ class WorkspaceIndex:
         """The ``k`` chunks most similar to ``query`` (a text, or its tokens), best first;
         none of the file ``exclude``."""
         toks = set(IDENT.findall(query) if isinstance(query, str) else query)
-        with self._lock:
-            alive = self._alive_chunks
-            if not toks or not alive:
-                return []
-            cap = max(8, int(alive * self.common))
-            terms = []
-            for t in toks:
-                got = self._post.get(t)
-                if got is not None and len(got) <= cap:
-                    terms.append((len(got), t, got))
-            if not terms:
-                return []
-            terms.sort()
-            norm = self._norm()
-            scores = np.zeros(len(norm), dtype=np.float32)
-            budget = self.postings_budget
-            for df, _, ids in terms:
-                if df > budget:
-                    break
-                budget -= df
-                idf = math.log(1.0 + (alive - df + 0.5) / (df + 0.5))
-                c = np.frombuffer(ids, dtype=np.uint32)
-                scores[c] += norm[c] * idf
-            cand = np.flatnonzero(scores)
-            want = min(len(cand), 4 * k + 8)
-            if want <= 0:
-                return []
-            if want < len(cand):
-                cand = cand[np.argpartition(-scores[cand], want - 1)[:want]]
-            best = cand[np.argsort(-scores[cand], kind="stable")]
-            out = []
-            for c in best.tolist():
-                fid = self._chunk_file[c]
-                path = None if fid == DEAD else self._paths[fid]
-                if path is None or path == exclude:
-                    continue
-                f = self._files[path]
-                j = c - f.first_chunk
-                out.append(Hit(path, j, j * CHUNK_LINES, (j + 1) * CHUNK_LINES, float(scores[c])))
-                if len(out) >= k:
-                    break
-            return out
+        if not self._lock.acquire(timeout=BUSY_WAIT_S):
+            return []  # a compaction (or a huge file) holds the index: no hits rather than a wait
+        try:
+            return self._search(toks, k, exclude)
+        finally:
+            self._lock.release()
+
+    def _search(self, toks: set[str], k: int, exclude: str | None) -> list[Hit]:
+        alive = self._alive_chunks
+        if not toks or not alive:
+            return []
+        cap = max(8, int(alive * self.common))
+        terms = []
+        for t in toks:
+            got = self._post.get(t)
+            if got is not None and len(got) <= cap:
+                terms.append((len(got), t, got))
+        if not terms:
+            return []
+        terms.sort()
+        norm = self._norm()
+        scores = np.zeros(len(norm), dtype=np.float32)
+        budget = self.postings_budget
+        for df, _, ids in terms:
+            if df > budget:
+                break
+            budget -= df
+            idf = math.log(1.0 + (alive - df + 0.5) / (df + 0.5))
+            c = np.frombuffer(ids, dtype=np.uint32)
+            scores[c] += norm[c] * idf
+        cand = np.flatnonzero(scores)
+        want = min(len(cand), 4 * k + 8)
+        if want <= 0:
+            return []
+        if want < len(cand):
+            cand = cand[np.argpartition(-scores[cand], want - 1)[:want]]
+        best = cand[np.argsort(-scores[cand], kind="stable")]
+        out = []
+        for c in best.tolist():
+            fid = self._chunk_file[c]
+            path = None if fid == DEAD else self._paths[fid]
+            if path is None or path == exclude:
+                continue
+            f = self._files[path]
+            j = c - f.first_chunk
+            out.append(Hit(path, j, j * CHUNK_LINES, (j + 1) * CHUNK_LINES, float(scores[c])))
+            if len(out) >= k:
+                break
+        return out
 
     def _norm(self) -> np.ndarray:
         """Per chunk, BM25's term weight for a token it holds (binary term frequency: the

@@ -141,3 +141,26 @@ def test_find_module():
     assert idx.find_module("pkg/sub") == "/w/src/pkg/sub/__init__.py"
     assert idx.find_module("util") == "/w/other/util.py"  # the shortest path
     assert idx.find_module("nope") is None
+
+
+def test_a_search_never_waits_long_for_a_busy_index():
+    import threading
+    import time
+
+    idx = WorkspaceIndex()
+    idx.put("a.py", code("alpha", "pass"))
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with idx._lock:  # as a compaction would
+            held.set()
+            done.wait(5)
+
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait(5)
+    t0 = time.perf_counter()
+    assert idx.search("alpha") == []
+    assert time.perf_counter() - t0 < 0.5
+    done.set()
+    time.sleep(0.05)
+    assert idx.search("alpha")[0].path == "a.py"
