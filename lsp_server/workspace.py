@@ -46,6 +46,7 @@ finds nothing this time past that (a compaction of a big index takes seconds).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -446,10 +447,22 @@ class WorkspaceIndex:
     def __contains__(self, path: str) -> bool:
         return path in self._files
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[bool]:
+        """The lock for a reader on a request's path: False when not had in ``BUSY_WAIT_S``."""
+        ok = self._lock.acquire(timeout=BUSY_WAIT_S)
+        try:
+            yield ok
+        finally:
+            if ok:
+                self._lock.release()
+
     def find_module(self, tail: str) -> str | None:
         """The indexed file of the module ``a/b`` (``.../a/b.py`` or ``.../a/b/__init__.py``):
         the shortest such path."""
-        with self._lock:
+        with self._reading() as ok:
+            if not ok:
+                return None
             cands = self._modules.get(tail.rsplit("/", 1)[-1], ())
             ends = ("/" + tail + ".py", "/" + tail + "/__init__.py")
             got = [p for p in cands if p.replace("\\", "/").endswith(ends)
@@ -462,7 +475,9 @@ class WorkspaceIndex:
 
     def file_text(self, path: str) -> str | None:
         """The indexed text of ``path`` (None: not indexed); the last few read are kept."""
-        with self._lock:
+        with self._reading() as ok:
+            if not ok:
+                return None
             got = self._texts.get(path)
             if got is not None:
                 self._texts.move_to_end(path)
@@ -551,7 +566,9 @@ class WorkspaceIndex:
     def text(self, hit: Hit, *, before: int = 0, after: int = 0) -> str:
         """The hit's lines, with ``before`` lines above and ``after`` below it ("" when the
         file changed since); only the chunks these lines are in are decompressed."""
-        with self._lock:
+        with self._reading() as ok:
+            if not ok:
+                return ""
             f = self._files.get(hit.path)
             if f is None or hit.chunk >= len(f.blobs):
                 return ""
