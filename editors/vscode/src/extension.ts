@@ -11,7 +11,7 @@ import {
   Executable,
   State,
 } from 'vscode-languageclient/node';
-import { serverCommand, serverOptions } from './options';
+import { documentSelector, serverCommand, serverOptions } from './options';
 
 const SECTION = 'diffill';
 
@@ -61,7 +61,8 @@ function makeClient(): LanguageClient {
   // No `transport` field: vscode-languageclient would append `--stdio` to the arguments.
   const executable: Executable = { command, args };
   const clientOptions: LanguageClientOptions = {
-    documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
+    // `diffill.languages`: the languages diffill completes (default: those the server parses).
+    documentSelector: documentSelector(settings()),
     outputChannel: output,
     initializationOptions: { [SECTION]: serverOptions(settings()) },
     middleware: {
@@ -160,7 +161,9 @@ async function toggle(): Promise<void> {
 
 async function onConfigurationChanged(e: vscode.ConfigurationChangeEvent): Promise<void> {
   if (!e.affectsConfiguration(SECTION)) return;
-  if (e.affectsConfiguration(`${SECTION}.serverCommand`)) {
+  // The document selector is fixed when the client starts: a new language list, like a new
+  // command line, restarts the client.
+  if (e.affectsConfiguration(`${SECTION}.serverCommand`) || e.affectsConfiguration(`${SECTION}.languages`)) {
     await stopClient();
     await startClient();
     return;

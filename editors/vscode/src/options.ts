@@ -48,3 +48,49 @@ export function serverCommand(settings: SettingsReader): { command: string; args
   if (argv.length === 0) return { command: 'diffill', args: ['serve'] };
   return { command: argv[0], args: argv.slice(1) };
 }
+
+/**
+ * Default of `diffill.languages`: the VS Code language ids of the languages the server
+ * guards with a parser (lsp_server/languages.py). `*` in the list means every language.
+ */
+export const DEFAULT_LANGUAGES = [
+  'python',
+  'javascript',
+  'javascriptreact',
+  'typescript',
+  'typescriptreact',
+  'go',
+  'rust',
+  'java',
+  'c',
+  'cpp',
+  'csharp',
+  'ruby',
+  'php',
+  'lua',
+  'shellscript',
+] as const;
+
+/** One entry of a document selector (the shape of `vscode.DocumentFilter` this module needs). */
+export interface DocumentFilter {
+  scheme: string;
+  language?: string;
+}
+
+/**
+ * The client's document selector from `diffill.languages`: files and untitled documents of
+ * those language ids; every language when the list holds `*`. A missing or malformed setting
+ * gives the default list; an empty list selects nothing (diffill attached to no document).
+ */
+export function documentSelector(settings: SettingsReader): DocumentFilter[] {
+  const raw = settings.get<unknown>('languages');
+  const ids = Array.isArray(raw)
+    ? raw.filter((a): a is string => typeof a === 'string' && a.trim() !== '').map((a) => a.trim())
+    : [...DEFAULT_LANGUAGES];
+  if (ids.includes('*')) return [{ scheme: 'file' }, { scheme: 'untitled' }];
+  const out: DocumentFilter[] = [];
+  for (const language of [...new Set(ids)]) {
+    out.push({ scheme: 'file', language }, { scheme: 'untitled', language });
+  }
+  return out;
+}

@@ -84,8 +84,8 @@ def test_remote_backend_options():
 
 def test_vscode_settings_are_server_options():
     """Every `diffill.*` setting the VS Code extension declares (except the server's own command
-    line and ``suggestionList``, which only the extension reads) is forwarded under a wire name
-    the server accepts, with the server's bounds."""
+    line, ``suggestionList`` and ``languages``, which only the extension reads) is forwarded
+    under a wire name the server accepts, with the server's bounds."""
     import json
     import re
 
@@ -93,7 +93,7 @@ def test_vscode_settings_are_server_options():
 
     root = ROOT / "editors" / "vscode"
     props = json.loads((root / "package.json").read_text())["contributes"]["configuration"]["properties"]
-    declared = {k.removeprefix("diffill.") for k in props} - {"serverCommand", "suggestionList"}
+    declared = {k.removeprefix("diffill.") for k in props} - {"serverCommand", "suggestionList", "languages"}
     src = (root / "src" / "options.ts").read_text()
     block = re.search(r"SERVER_OPTIONS = \[(.*?)\] as const", src, re.S)
     assert block is not None
