@@ -20,7 +20,8 @@ local NAME = 'diffill'
 
 --- @class diffill.Config
 --- @field cmd string[]               server command line
---- @field filetypes string[]|nil     nil = every buffer that has a file and a filetype
+--- @field filetypes string[]|string  filetypes to attach to (default: `M.default_filetypes`);
+---                                   '*' = every buffer that has a file and a filetype
 --- @field root_markers string[]|nil
 --- @field settings table             server options, camelCase (modelPath, device, ...)
 --- @field completion boolean         enable vim.lsp.completion in attached buffers
@@ -30,9 +31,18 @@ local NAME = 'diffill'
 --- @field menu_noselect boolean      with autotrigger: add `noselect` to the buffer's 'completeopt'
 --- @field debounce_ms integer        delay between the last keystroke and the request (0.11 path)
 --- @field keymaps diffill.Keymaps    insert-mode keys
+--- Neovim filetypes of the languages the server guards with a tree-sitter parser
+--- (lsp_server/languages.py): Python, JavaScript, TypeScript, TSX, Go, Rust, Java, C, C++,
+--- C#, Ruby, PHP, Lua and shell scripts. Neovim runs several LSP clients per buffer, so
+--- attaching diffill takes nothing from the buffer's other language servers.
+M.default_filetypes = {
+  'python', 'javascript', 'javascriptreact', 'typescript', 'typescriptreact', 'go', 'rust',
+  'java', 'c', 'cpp', 'cs', 'ruby', 'php', 'lua', 'sh', 'bash', 'zsh',
+}
+
 M.defaults = {
   cmd = { 'diffill', 'serve' },
-  filetypes = nil,
+  filetypes = M.default_filetypes,
   root_markers = { '.git' },
   settings = {},
   completion = true,
@@ -640,8 +650,32 @@ function M.status_lines(st)
   return lines
 end
 
+--- The `filetypes` given to vim.lsp.config: nil (every filetype) for '*' or a list holding
+--- '*', else the list (an empty one attaches to no buffer).
+--- @param ft string[]|string|nil
+--- @return string[]|nil
+local function resolve_filetypes(ft)
+  if ft == nil then
+    return vim.deepcopy(M.default_filetypes)
+  elseif ft == '*' or (type(ft) == 'table' and vim.tbl_contains(ft, '*')) then
+    return nil
+  elseif type(ft) == 'string' then
+    return { ft }
+  end
+  return vim.deepcopy(ft)
+end
+
+--- The filetypes diffill attaches to with the current configuration (nil: every filetype).
+function M.filetypes()
+  return resolve_filetypes(M.config.filetypes)
+end
+
 function M.setup(opts)
   M.config = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts or {})
+  -- The user's list as given: tbl_deep_extend would merge an empty table into the default.
+  if opts and opts.filetypes ~= nil then
+    M.config.filetypes = opts.filetypes
+  end
   if opts and opts.keymaps == false then
     M.config.keymaps = {}
   end
@@ -651,7 +685,7 @@ function M.setup(opts)
   local settings = next(M.config.settings or {}) and M.config.settings or vim.empty_dict()
   vim.lsp.config(NAME, {
     cmd = M.config.cmd,
-    filetypes = M.config.filetypes,
+    filetypes = M.filetypes(),
     root_markers = M.config.root_markers,
     init_options = { [NAME] = settings },
     settings = { [NAME] = settings },
