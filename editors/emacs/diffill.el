@@ -41,6 +41,21 @@
 ;;   (diffill-setup)            ; eglot entry + diffill-inline-mode in managed buffers
 ;;   ;; then M-x eglot in a Python buffer
 ;;
+;; Which buffers: eglot (1.9) gives a buffer one language server, so a mode
+;; handed to diffill no longer gets gopls, tsserver, clangd... from eglot.  A
+;; language server does more for its buffers than completion (definitions,
+;; diagnostics, renames), so by default (`diffill-major-modes' = `auto')
+;; `diffill-setup' hands diffill the Python modes and, of the other languages
+;; the server checks with a parser (`diffill-language-modes': JavaScript,
+;; TypeScript, Go, Rust, Java, C, C++, C#, Ruby, PHP, Lua, shell), only those
+;; for which `eglot-server-programs' has no other server that can start: no
+;; entry, or its program not found by `executable-find' when `diffill-setup'
+;; runs.  There, eglot would start nothing, and diffill's completions are all
+;; there is to have.  A list in `diffill-major-modes' is used as it is:
+;; '(python-mode python-ts-mode) for Python only, '(prog-mode) for every
+;; language (in place of every other eglot server).  `M-x diffill-setup' again
+;; decides again (after installing gopls, say).
+;;
 ;; Keys while ghost text is shown (`diffill-inline-mode-map'; they fall
 ;; through to their usual commands when no ghost text is shown):
 ;;
@@ -76,11 +91,43 @@
   "Command line that starts the diffill language server on stdio."
   :type '(repeat string))
 
-(defcustom diffill-major-modes '(python-mode python-ts-mode)
+(defcustom diffill-language-modes
+  '((python python-mode python-ts-mode)
+    (javascript js-mode js-ts-mode)
+    (typescript typescript-mode typescript-ts-mode tsx-ts-mode)
+    (go go-mode go-ts-mode)
+    (rust rust-mode rust-ts-mode)
+    (java java-mode java-ts-mode)
+    (c c-mode c-ts-mode)
+    (cpp c++-mode c++-ts-mode)
+    (csharp csharp-mode csharp-ts-mode)
+    (ruby ruby-mode ruby-ts-mode)
+    (php php-mode php-ts-mode)
+    (lua lua-mode lua-ts-mode)
+    (bash sh-mode bash-ts-mode))
+  "The languages the diffill server checks with a parser, and their major modes.
+Each element is (LANGUAGE MODE...).  When `diffill-major-modes' is `auto',
+`diffill-setup' hands a language's modes to diffill when no other eglot server
+is available for any of them (Python's always).
+See `diffill-default-major-modes'."
+  :type '(alist :key-type symbol :value-type (repeat symbol)))
+
+(defcustom diffill-major-modes 'auto
   "Major modes (and modes derived from them) whose buffers eglot hands to diffill.
-Use \\='(prog-mode) for every programming language.  Eglot 1.9 runs one server
-per buffer, so these modes do not get their usual language server."
-  :type '(repeat symbol))
+Eglot runs one server per buffer: a mode listed here no longer gets its usual
+language server from eglot.  Hence the default, `auto': when `diffill-setup'
+runs, the Python modes, plus the modes of each other language of
+`diffill-language-modes' (JavaScript, TypeScript, Go, Rust, Java, C, C++, C#,
+Ruby, PHP, Lua, shell) for which `eglot-server-programs' offers no other server
+that can start here: its entry is missing, or its program is not found by
+`executable-find' (see `diffill-default-major-modes').  Installing gopls later
+gives Go back to gopls at the next `diffill-setup'.
+
+A list of modes is used as it is, e.g. \\='(python-mode python-ts-mode) for
+Python only, \\='(prog-mode) for every programming language, or
+\\='(go-mode go-ts-mode python-mode) to take Go from gopls."
+  :type '(choice (const :tag "Python, and the parsed languages with no other server" auto)
+                 (repeat symbol)))
 
 (defcustom diffill-server-options nil
   "Server options, a plist with the server's camelCase names.
@@ -119,14 +166,71 @@ Each function gets the list of items (plists) of the answer, possibly empty.")
   (append diffill-server-command
           (list :initializationOptions #'diffill--initialization-options)))
 
+(defun diffill--own-entry-p (entry)
+  "Non-nil when the `eglot-server-programs' ENTRY is one `diffill-setup' made."
+  (let ((contact (cdr entry)))
+    (or (equal contact (diffill--contact))
+        (and (proper-list-p contact)
+             (memq #'diffill--initialization-options contact)
+             t))))
+
+(defun diffill--contact-available-p (contact)
+  "Non-nil when the eglot CONTACT names a server that can start here.
+A function (such as `eglot-alternatives' makes) is called as `eglot-ensure'
+calls it, non-interactively: an error means none of its programs is found.
+A program (a string first) must be found by `executable-find'; a host and port,
+or anything else this cannot judge, counts as available."
+  (cond ((functionp contact)
+         (condition-case nil (and (funcall contact nil) t) (error nil)))
+        ((not (consp contact)) t)
+        ((and (symbolp (car contact)) (not (keywordp (car contact))))
+         (diffill--contact-available-p (cdr contact))) ; (CLASS . CONTACT)
+        ((not (stringp (car contact))) t)
+        ((integerp (cadr contact)) t)                  ; (HOST PORT ...)
+        (t (and (executable-find (car contact)) t))))
+
+(defun diffill--other-server-p (mode)
+  "Non-nil when `eglot-server-programs' has a server for MODE that can start.
+Diffill's own entries are skipped.  An entry is for MODE when one of its modes
+is MODE or one MODE derives from, as in eglot's own lookup; the first such
+entry is the one eglot would use."
+  (cl-loop for entry in eglot-server-programs
+           ;; MODES: a mode, (MODE :language-id ID), or a list of either
+           for key = (car entry)
+           for specs = (if (and (consp key) (not (keywordp (cadr key)))) key (list key))
+           when (and (not (diffill--own-entry-p entry))
+                     (cl-some (lambda (spec)
+                                (let ((probe (if (consp spec) (car spec) spec)))
+                                  (and (symbolp probe) (provided-mode-derived-p mode probe))))
+                              specs))
+           return (diffill--contact-available-p (cdr entry))))
+
+(defun diffill-default-major-modes ()
+  "The modes `diffill-setup' registers when `diffill-major-modes' is `auto'.
+The Python modes always (diffill's first language, its default since 0.1), and
+the modes of every other language of `diffill-language-modes' none of whose
+modes has another server in `eglot-server-programs' that can start here
+\(`diffill--other-server-p'): eglot gives a buffer one server, and a
+language server you installed (gopls, tsserver, clangd...) does more for that
+buffer than completion, so diffill never takes its place; where there is none,
+eglot would start nothing and diffill gives those buffers completions."
+  (cl-loop for (lang . modes) in diffill-language-modes
+           when (or (eq lang 'python) (not (cl-some #'diffill--other-server-p modes)))
+           append modes))
+
+(defun diffill-registered-modes ()
+  "The major modes `diffill-setup' hands to diffill now."
+  (if (eq diffill-major-modes 'auto) (diffill-default-major-modes) diffill-major-modes))
+
 ;;;###autoload
 (defun diffill-setup ()
-  "Register diffill with eglot and, when `diffill-inline-auto', enable ghost text."
+  "Register diffill with eglot and, when `diffill-inline-auto', enable ghost text.
+The modes are those of `diffill-major-modes' (`auto': decided now, see
+`diffill-default-major-modes')."
   (interactive)
+  (setq eglot-server-programs (cl-remove-if #'diffill--own-entry-p eglot-server-programs))
   (setq eglot-server-programs
-        (cons (cons diffill-major-modes (diffill--contact))
-              (cl-remove-if (lambda (entry) (equal (cdr entry) (diffill--contact)))
-                            eglot-server-programs)))
+        (cons (cons (diffill-registered-modes) (diffill--contact)) eglot-server-programs))
   (add-hook 'eglot-managed-mode-hook #'diffill--maybe-enable-inline))
 
 (defun diffill--server ()
