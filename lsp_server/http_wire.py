@@ -10,13 +10,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 from aiohttp import web
 from msgspec import Meta
 
 from .context import FimContext, Snippet
+
+T = TypeVar("T")
 
 DEFAULT_MAX_TOKENS = 16
 RID = re.compile(r"^[\x21-\x7e]{1,128}$")
@@ -110,16 +112,22 @@ def param_of(e: msgspec.ValidationError) -> str | None:
     return m.group(1) if m else None
 
 
-def parse_request(body: bytes) -> CompletionRequest:
-    """Decode and validate a request body; raises :class:`RequestError` (400)."""
+def decode_body(body: bytes, kind: type[T]) -> T:
+    """A JSON body decoded and validated as ``kind`` (a msgspec Struct); a bad one raises
+    :class:`RequestError` (400) naming the field. Every route's body goes through here."""
     try:
-        req = msgspec.json.decode(body, type=CompletionRequest)
+        return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as e:
         raise RequestError(400, f"invalid request: {e}", param=param_of(e)) from None
     except msgspec.DecodeError as e:
         raise RequestError(400, f"malformed JSON body: {e}") from None
     except RecursionError:
         raise RequestError(400, "malformed JSON body: nested too deeply") from None
+
+
+def parse_request(body: bytes) -> CompletionRequest:
+    """Decode and validate a request body; raises :class:`RequestError` (400)."""
+    req = decode_body(body, CompletionRequest)
     if req.echo:
         raise RequestError(400, "echo=true is not supported", param="echo")
     if req.logprobs:

@@ -105,7 +105,7 @@ from .http_wire import (
     FillResult,
     Reply,
     RequestError,
-    param_of,
+    decode_body,
     printable,
     request_id,
 )
@@ -155,14 +155,7 @@ class InfillRequest(msgspec.Struct, kw_only=True):
 
 def parse_infill(body: bytes) -> InfillRequest:
     """Decode and validate an ``/infill`` body; raises :class:`RequestError` (400)."""
-    try:
-        req = msgspec.json.decode(body, type=InfillRequest)
-    except msgspec.ValidationError as e:
-        raise RequestError(400, f"invalid request: {e}", param=param_of(e)) from None
-    except msgspec.DecodeError as e:
-        raise RequestError(400, f"malformed JSON body: {e}") from None
-    except RecursionError:
-        raise RequestError(400, "malformed JSON body: nested too deeply") from None
+    req = decode_body(body, InfillRequest)
     if req.stream:
         raise RequestError(400, "stream=true is not supported on /infill; send stream=false "
                            "(llama.vim and llama.vscode do)", param="stream")
