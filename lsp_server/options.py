@@ -150,13 +150,11 @@ def merge_options(
         if key not in WIRE_NAMES:
             errors.append(f"diffill: unknown option {key!r} ignored")
             continue
-        trial = {**current, key: value}
-        try:
-            msgspec.convert(trial, CompletionOptions)
-        except msgspec.ValidationError as e:
-            errors.append(f"diffill: invalid value for option {key!r}: {_short(e, key)}; kept {current.get(key)!r}")
+        why = _invalid(current, key, value)
+        if why is not None:
+            errors.append(f"diffill: invalid value for option {key!r}: {why}; kept {current.get(key)!r}")
             continue
-        current = trial
+        current = {**current, key: value}
     return msgspec.convert(current, CompletionOptions), errors
 
 
@@ -171,12 +169,20 @@ def flag_errors(raw: dict[str, Any]) -> list[str]:
     out = []
     for key, value in raw.items():
         flag = FLAG_OVERRIDES.get(key) or "--" + WIRE_NAMES.get(key, key).replace("_", "-")
-        try:
-            msgspec.convert({**base, key: value}, CompletionOptions)
-        except msgspec.ValidationError as e:
-            why = _short(e, key)
+        why = _invalid(base, key, value)
+        if why is not None:
             out.append(f"{flag} {value}: {why[:1].lower()}{why[1:]}")
     return out
+
+
+def _invalid(current: dict[str, Any], key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be option ``key`` on top of ``current`` (wire-named builtins);
+    None when it can. The one validation of a single option."""
+    try:
+        msgspec.convert({**current, key: value}, CompletionOptions)
+    except msgspec.ValidationError as e:
+        return _short(e, key)
+    return None
 
 
 def _short(e: msgspec.ValidationError, key: str) -> str:

@@ -220,6 +220,30 @@ class NameCheck:
 
     def __init__(self, guard: SyntaxGuard) -> None:
         self.guard = guard
+        self._arounds: dict[tuple[int, int, int], tuple[frozenset[str], frozenset[str]] | None] = {}
+
+    def _around(self, seg: tuple[int, int, int]) -> tuple[frozenset[str], frozenset[str]] | None:
+        """What a segment's surroundings bind, whatever is inserted in it (computed once per
+        segment, not once per draft): the names seen there and those of a class body right
+        around it; None when the buffer cannot tell."""
+        if seg not in self._arounds:
+            a, b, col = seg
+            text = self.guard.text
+            scopes = _rest_scopes(text[:a] + text[b:], text.count("\n", 0, a) + 1, col)
+            whole = None if scopes is None else parse_tree(
+                textwrap.dedent(text[a:b]) if col else text[a:b])
+            if scopes is None or whole is None:
+                self._arounds[seg] = None
+            else:
+                # names the buffer reads and binds nowhere: globals it expects from elsewhere
+                # (an injected name, a star import, a helper not written yet); a copy may
+                # read them too
+                external = (scopes.reads | _reads(whole)) - scopes.binds - bindings(
+                    whole.body, into_scopes=True)
+                # the segment's own top-level names (its def's name) live in the scope around it
+                seen = scopes.seen | bindings(whole.body) | external
+                self._arounds[seg] = (frozenset(seen), scopes.class_body)
+        return self._arounds[seg]
 
     def unbound(self, insert: str, line_prefix: str = "") -> set[str]:
         """Names ``insert`` (typed at the cursor after ``line_prefix`` on its line) reads that
@@ -233,18 +257,12 @@ class NameCheck:
         seg = g.segment(False, g.written_indent(insert, 0))
         if seg is None:
             return set()
+        around = self._around(seg)
+        if around is None:
+            return set()
+        seen_here, class_body = around
         a, b, col = seg
         text = g.text
-        scopes = _rest_scopes(text[:a] + text[b:], text.count("\n", 0, a) + 1, col)
-        if scopes is None:
-            return set()
-        whole = parse_tree(textwrap.dedent(text[a:b]) if col else text[a:b])
-        if whole is None:
-            return set()
-        # names the buffer reads and binds nowhere: globals it expects from elsewhere (an
-        # injected name, a star import, a helper not written yet); a copy may read them too
-        external = (scopes.reads | _reads(whole)) - scopes.binds - bindings(
-            whole.body, into_scopes=True)
         off = g.offset - a
         edited = text[a:g.offset] + insert + text[g.offset:b]
         tree = parse_tree(textwrap.dedent(edited) if col else edited)
@@ -253,9 +271,8 @@ class NameCheck:
         lead = len(insert) - len(insert.lstrip())
         line = edited.count("\n", 0, off + lead) + 1
         chain = _enclosing(tree.body, line)
-        # the segment's own top-level names (its def's name) live in the scope around it
-        seen = set(scopes.seen) | bindings(whole.body) | external
-        seen |= _visible([], chain) if chain else scopes.class_body
+        seen = set(seen_here)
+        seen |= _visible([], chain) if chain else class_body
         if STAR in seen:
             return set()
         return free - seen
