@@ -1,0 +1,308 @@
+-- Headless Neovim run of editors/nvim against a real `diffill serve` (issue 27): ghost text in
+-- TypeScript and Go buffers, shown where the suggestion fits and withheld where it would break
+-- the file (the server's syntax guard).
+--   nvim --headless --clean -u nvim_guard_e2e.lua   with $DIFFILL_E2E_CONFIG = JSON:
+--   { plugin_dir, cmd, settings, result, timeout_ms,
+--     quiet_ms,                      -- how long a withheld case watches for ghost text
+--     cases = [ { name, file, expect = 'shown'|'withheld',
+--                 lines,             -- the buffer before the keystroke
+--                 row, col,          -- 0-based row, byte col where `type` is typed
+--                 type } ] }         -- typed in Insert mode (TextChangedI: the plugin asks)
+-- Every textDocument/inlineCompletion request the plugin makes goes through a wrapper of the
+-- client's `request` that records what was sent and what came back (and whether the plugin's
+-- handler saw the buffer as it was when it asked, i.e. did not drop the answer as stale), and
+-- how many ghost extmarks the buffer holds right after the plugin handled the answer.
+-- Per case it records those answers, the LspRequest "complete" events, the buffer, and the
+-- ghost extmarks. The checks are made by the pytest side.
+--
+-- Typeahead (feedkeys) runs only when control returns to the main loop, so the steps are chained
+-- with vim.defer_fn polls, never vim.wait.
+local cfg = vim.json.decode(table.concat(vim.fn.readfile(os.getenv('DIFFILL_E2E_CONFIG')), '\n'))
+local R = { nvim = tostring(vim.version()), cases = {}, steps = {} }
+local api = vim.api
+local t0 = vim.uv.hrtime()
+local function ms()
+  return math.floor((vim.uv.hrtime() - t0) / 1e6)
+end
+
+local function finish(ok, err)
+  R.ok, R.error, R.total_ms = ok, err, ms()
+  vim.fn.writefile({ vim.json.encode(R) }, cfg.result)
+  vim.cmd(ok and 'qa!' or 'cq!')
+end
+vim.defer_fn(function()
+  finish(false, 'watchdog timeout')
+end, cfg.timeout_ms or 60000)
+
+--- Call k(v) once cond() returns a truthy v; on timeout fail, with explain() appended if given.
+local function poll(what, cond, k, timeout, explain)
+  local deadline = ms() + (timeout or 30000)
+  local function tick()
+    local ok, v = pcall(cond)
+    if not ok then
+      return finish(false, what .. ': ' .. tostring(v))
+    end
+    if v then
+      local ok2, e = pcall(k, v)
+      if not ok2 then
+        finish(false, what .. ' (continuation): ' .. tostring(e))
+      end
+      return
+    end
+    if ms() > deadline then
+      local why = explain and select(2, pcall(explain)) or nil
+      return finish(false, 'timeout waiting for ' .. what .. (why and (' (' .. tostring(why) .. ')') or ''))
+    end
+    vim.defer_fn(tick, 20)
+  end
+  tick()
+end
+
+--- k() after `delay` ms, failures reported like poll's.
+local function after(delay, what, k)
+  vim.defer_fn(function()
+    local ok, e = pcall(k)
+    if not ok then
+      finish(false, what .. ': ' .. tostring(e))
+    end
+  end, delay)
+end
+
+vim.o.swapfile = false
+vim.o.hidden = true
+vim.o.showmode = false
+vim.opt.shortmess:append('c')
+vim.opt.rtp:prepend(cfg.plugin_dir)
+require('diffill').setup({ cmd = cfg.cmd, settings = cfg.settings, autotrigger = false })
+
+local function ghost_extmarks(bufnr)
+  local ns = api.nvim_get_namespaces()['diffill.ghost']
+  if not ns then
+    return {}
+  end
+  return api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })
+end
+
+--- The ghost text an extmark shows (its DiffillGhost chunks; virtual lines joined by \n).
+local function shown_text(mark)
+  local d = mark[4]
+  local function ghost(chunks)
+    local parts = {}
+    for _, chunk in ipairs(chunks or {}) do
+      if chunk[2] == 'DiffillGhost' then
+        parts[#parts + 1] = chunk[1]
+      end
+    end
+    return table.concat(parts)
+  end
+  local lines = { ghost(d.virt_text) }
+  for _, vl in ipairs(d.virt_lines or {}) do
+    lines[#lines + 1] = ghost(vl)
+  end
+  return table.concat(lines, '\n')
+end
+
+-- Every inlineCompletion request of the plugin and its answer, in order.
+local answers = {}
+-- LspRequest "complete" events of inlineCompletion (the client saw the reply; Neovim's own count).
+local completes = 0
+api.nvim_create_autocmd('LspRequest', {
+  callback = function(ev)
+    local req = ev.data and ev.data.request
+    if req and req.type == 'complete' and req.method == 'textDocument/inlineCompletion' then
+      completes = completes + 1
+    end
+  end,
+})
+
+local function item_texts(result)
+  local texts = {}
+  for _, it in ipairs(type(result) == 'table' and (result.items or result) or {}) do
+    local t = it.insertText
+    texts[#texts + 1] = type(t) == 'table' and (t.value or '') or (t or '')
+  end
+  return texts
+end
+
+--- Wrap client:request (the plugin calls it as a method, so an instance field wins over the
+--- class's) to record the plugin's inlineCompletion requests and their answers.
+local function instrument(client)
+  if client._diffill_guard_e2e then
+    return
+  end
+  client._diffill_guard_e2e = true
+  local orig = client.request
+  client.request = function(self, method, params, handler, bufnr)
+    if method ~= 'textDocument/inlineCompletion' or type(handler) ~= 'function' then
+      return orig(self, method, params, handler, bufnr)
+    end
+    local b = (bufnr == nil or bufnr == 0) and api.nvim_get_current_buf() or bufnr
+    local rec = {
+      position = vim.deepcopy(params.position),
+      trigger = params.context and params.context.triggerKind,
+      file = api.nvim_buf_get_name(b),
+      tick = api.nvim_buf_get_changedtick(b),
+      cursor = api.nvim_win_get_cursor(0),
+      sent_ms = ms(),
+    }
+    answers[#answers + 1] = rec
+    return orig(self, method, params, function(err, result, ctx)
+      rec.answered_ms = ms()
+      rec.err = err and (err.message or tostring(err.code)) or nil
+      rec.texts = item_texts(result)
+      rec.n_items = #rec.texts
+      -- What the plugin's handler checks before it shows anything: nothing moved since the ask.
+      rec.fresh = api.nvim_buf_get_changedtick(b) == rec.tick
+        and vim.deep_equal(api.nvim_win_get_cursor(0), rec.cursor)
+        and vim.startswith(api.nvim_get_mode().mode, 'i')
+      handler(err, result, ctx)
+      rec.handled = true
+      rec.marks_after = #ghost_extmarks(b)
+    end, bufnr)
+  end
+end
+
+api.nvim_create_autocmd('LspAttach', {
+  callback = function(ev)
+    local c = vim.lsp.get_client_by_id(ev.data.client_id)
+    if c and c.name == 'diffill' then
+      instrument(c)
+    end
+  end,
+})
+
+local function attached(bufnr)
+  local c = vim.lsp.get_clients({ bufnr = bufnr, name = 'diffill' })[1]
+  return c and c.initialized and c._diffill_guard_e2e and c
+end
+
+--- Normal mode, then k().
+local function to_normal(k)
+  if api.nvim_get_mode().mode ~= 'n' then
+    api.nvim_feedkeys(vim.keycode('<Esc>'), 'n', false)
+  end
+  poll('normal mode', function()
+    return api.nvim_get_mode().mode == 'n'
+  end, k, 5000)
+end
+
+--- Insert mode with the cursor at byte `col` of `row` (0-based), then k().
+local function insert_at(bufnr, row, col, k)
+  local text = api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1]
+  if col >= #text then
+    api.nvim_win_set_cursor(0, { row + 1, 0 })
+    api.nvim_feedkeys('A', 'n', false)
+  else
+    api.nvim_win_set_cursor(0, { row + 1, col })
+    api.nvim_feedkeys('i', 'n', false)
+  end
+  poll('insert mode', function()
+    return api.nvim_get_mode().mode == 'i'
+  end, k, 5000)
+end
+
+local loaded = false
+
+--- Open `file` (once per file), wait for the diffill client and, the first time, the model.
+local function open(file, k)
+  if api.nvim_buf_get_name(0) ~= vim.fn.fnamemodify(file, ':p') then
+    vim.cmd.edit(file)
+  end
+  local bufnr = api.nvim_get_current_buf()
+  poll('diffill client attached to ' .. file, function()
+    return attached(bufnr)
+  end, function(c)
+    if loaded then
+      return k(bufnr, c)
+    end
+    R.steps.attached_ms = ms()
+    -- The server loads the model after `initialized`; until then it answers with nothing.
+    poll('model loaded (diffill/status)', function()
+      local st = require('diffill').status()
+      if st and st.error ~= vim.NIL and st.error ~= nil then
+        error('model failed to load: ' .. tostring(st.error))
+      end
+      return st and st.loaded == true
+    end, function()
+      loaded = true
+      R.steps.loaded_ms = ms()
+      k(bufnr, c)
+    end, 60000)
+  end, 30000)
+end
+
+local function run_case(i)
+  local case = cfg.cases[i]
+  if not case then
+    return finish(true)
+  end
+  to_normal(function()
+    open(case.file, function(bufnr, c)
+      api.nvim_buf_set_lines(bufnr, 0, -1, false, case.lines)
+      insert_at(bufnr, case.row, case.col, function()
+        local out = { name = case.name, expect = case.expect, filetype = vim.bo[bufnr].filetype }
+        R.cases[#R.cases + 1] = out
+        local mark, completes0, typed_at = #answers, completes, ms()
+        local want = { line = case.row, character = case.col + #case.type } -- ASCII buffers
+        api.nvim_feedkeys(case.type, 'nt', false) -- as if typed: TextChangedI fires
+        --- The answer to a request made for the buffer as typed, handled by the plugin.
+        local function final_answer()
+          for j = #answers, mark + 1, -1 do
+            local a = answers[j]
+            if a.handled and not a.err and a.tick == api.nvim_buf_get_changedtick(bufnr)
+              and vim.deep_equal(a.position, want) then
+              return a
+            end
+          end
+        end
+        local function record(a)
+          local cur = api.nvim_win_get_cursor(0)
+          out.cursor = { cur[1] - 1, cur[2] }
+          out.want_position = want
+          out.buffer = api.nvim_buf_get_lines(bufnr, 0, -1, false)
+          out.answer = a
+          out.answers = vim.list_slice(answers, mark + 1)
+          out.completes = completes - completes0
+          out.client_id = c.id
+          out.clients = #vim.lsp.get_clients({ name = 'diffill' })
+          local marks = ghost_extmarks(bufnr)
+          out.marks = #marks
+          out.shown = marks[1] and shown_text(marks[1]) or vim.NIL
+          out.extmark = marks[1] and { row = marks[1][2], col = marks[1][3], virt_text_pos = marks[1][4].virt_text_pos }
+            or vim.NIL
+          out.suggestion = require('diffill').suggestion() or vim.NIL
+          out.visible = require('diffill').visible()
+          out.ms = ms() - typed_at
+        end
+        poll(case.name .. ': the answer to the request after the keystroke', final_answer, function(a)
+          if case.expect == 'shown' then
+            poll(case.name .. ': ghost text', function()
+              return #ghost_extmarks(bufnr) > 0 and require('diffill').suggestion() ~= nil
+            end, function()
+              record(a)
+              run_case(i + 1)
+            end, 5000)
+          else
+            -- Withheld: nothing may appear, now or a little later (no late or second answer).
+            local marks_now = #ghost_extmarks(bufnr)
+            after(cfg.quiet_ms or 500, case.name .. ': quiet period', function()
+              record(a)
+              out.marks_at_answer = marks_now
+              run_case(i + 1)
+            end)
+          end
+        end, 60000, function()
+          return ('%d requests since the keystroke, %d answered; line %q'):format(
+            #answers - mark, completes - completes0, api.nvim_get_current_line())
+        end)
+      end)
+    end)
+  end)
+end
+
+api.nvim_create_autocmd('VimEnter', {
+  nested = true, -- so that BufRead/FileType (and vim.lsp.enable's autostart) fire
+  callback = function()
+    run_case(1)
+  end,
+})
