@@ -33,7 +33,10 @@ class Language:
     parsed on its own (PHP's ``<?php``). ``opens``: a regular expression matched against the
     end of a line that opens a block with no body yet; ``closers``: what ends such a block
     (tried in order by the syntax guard's block-opener rule; brackets left open are closed by
-    their own closers first). ``pairs``: opener+closer pairs editors auto-close."""
+    their own closers first). ``pairs``: opener+closer pairs editors auto-close. ``keywords``:
+    reserved words the grammar reads as a plain name where the language's own parser rejects
+    them (tree-sitter-ruby parses a stray ``end`` as a method call, with no error): the syntax
+    guard counts such a name as an error (:func:`.treesitter.strays`)."""
 
     name: str
     ids: tuple[str, ...]
@@ -44,6 +47,7 @@ class Language:
     closers: tuple[str, ...] = ()
     pairs: tuple[str, ...] = BRACE_PAIRS
     wrap: str = ""
+    keywords: tuple[str, ...] = ()
 
 
 _JS_PAIRS = (*BRACE_PAIRS, "``")
@@ -69,7 +73,8 @@ LANGUAGES: tuple[Language, ...] = (
     Language("ruby", ("ruby", "rb"), ("rb", "rake", "gemspec"), "#", ("tree_sitter_ruby", "language"),
              opens=re.compile(r"(\bdo(\s*\|[^|]*\|)?|\{(\s*\|[^|]*\|)?|^\s*(def|class|module|if|unless|"
                               r"while|until|case|begin|for)\b.*)\s*$"),
-             closers=("end", "}")),
+             closers=("end", "}"),
+             keywords=("end", "else", "elsif", "when", "rescue", "ensure", "then", "do", "in")),
     Language("php", ("php",), ("php", "phtml"), "//", ("tree_sitter_php", "language_php"),
              wrap="<?php\n"),
     Language("lua", ("lua",), ("lua",), "--", ("tree_sitter_lua", "language"),
@@ -120,17 +125,21 @@ def auto_closed(lang: Language) -> frozenset[str]:
     return frozenset(p[1] for p in lang.pairs) | {" "}
 
 
-def unclosed(text: str, lang: Language) -> list[str]:
-    """The closers of the brackets ``text`` opens and leaves open, innermost first (strings
-    and line comments skipped, one line at a time, as in :mod:`.postprocess`)."""
+def _scan(text: str, lang: Language) -> tuple[list[str], bool]:
+    """``(closers, stray)``: the closers of the brackets ``text`` opens and leaves open, innermost
+    last, and whether it closes a bracket it did not open or leaves a string open at a line's
+    end (strings and line comments skipped, one line at a time, as in :mod:`.postprocess`;
+    a backtick string may span lines)."""
     stack: list[str] = []
     closer_of = {p[0]: p[1] for p in ("()", "[]", "{}")}
     quote = None
+    stray = False
     i, n = 0, len(text)
     while i < n:
         ch = text[i]
         if ch == "\n":
-            quote = None if quote != "`" else quote
+            if quote and quote != "`":
+                stray, quote = True, None
         elif quote:
             if ch == "\\":
                 i += 1
@@ -148,5 +157,19 @@ def unclosed(text: str, lang: Language) -> list[str]:
             stack.append(closer_of[ch])
         elif stack and ch == stack[-1]:
             stack.pop()
+        elif ch in ")]}":
+            stray = True
         i += 1
-    return stack[::-1]
+    return stack, stray or quote is not None
+
+
+def unclosed(text: str, lang: Language) -> list[str]:
+    """The closers of the brackets ``text`` opens and leaves open, innermost first (strings
+    and line comments skipped, one line at a time, as in :mod:`.postprocess`)."""
+    return _scan(text, lang)[0][::-1]
+
+
+def balanced(text: str, lang: Language) -> bool:
+    """Whether ``text`` closes every bracket it opens, no other, and every string it opens."""
+    stack, stray = _scan(text, lang)
+    return not stack and not stray

@@ -260,13 +260,27 @@ class SyntaxGuard:
     back to :meth:`keeps_whole` when the buffer does not cut cleanly (module doc)."""
 
     def __init__(self, text: str, offset: int, *, language: str | None, path: str | None = None) -> None:
-        self.text, self.offset = text, offset
+        self.text, self.offset, self.path = text, offset, path
         self.applies = is_python(language, path)
         lang = None if self.applies else treesitter.language_for(language, path)
         self.tree_guard = None if lang is None else treesitter.TreeGuard(text, offset, lang, key=path)
         """The judge for a language other than Python (None: Python, or no grammar: text rules)."""
         self.huge = len(text) > MAX_CHARS  # judged on the segment alone (module doc)
         self._segments: dict[tuple[bool, int | None], tuple[int, int, int] | None] = {}
+        self._wide: dict[int | None, tuple[int, int, int] | None] = {}
+
+    @functools.cached_property
+    def typing_here(self) -> bool:
+        """Whether the innermost cut around the cursor does not parse while the rest of the
+        buffer does and was cut cleanly there (the rest remembered across keystrokes): then
+        the buffer does not parse either, the user is typing, and nothing is withheld -- the
+        reference rule's verdict, found without parsing the whole buffer (~70 ms on 200 KB)
+        on every keystroke of a statement being typed. False on a huge buffer."""
+        if not self.applies or self.huge or not self._spans:
+            return False
+        i, j, col = self._spans[0]
+        a, b = self._lines.offset_of(i), self._lines.offset_of(j)
+        return not parses_as_block(self.text[a:b], col) and self._rest_ok(a, b)
 
     @functools.cached_property
     def active(self) -> bool:
@@ -298,7 +312,9 @@ class SyntaxGuard:
         spans.append((L.top_level(cur), L.span_end(cur, 0), 0))
         return spans
 
-    def _cut(self, wide: bool, need: int | None) -> tuple[int, int, int] | None:
+    def _cut(self, wide: bool, need: int | None, rest: bool = True) -> tuple[int, int, int] | None:
+        """The first of the spans (``wide``: one sibling more each side) at a column ``<= need``
+        that parses as a block and, ``rest``, whose rest parses and was cut cleanly there."""
         L, t = self._lines, self.text
         tried = set()
         for i, j, col in self._spans:
@@ -312,9 +328,15 @@ class SyntaxGuard:
             a, b = L.offset_of(i), L.offset_of(j)
             if not parses_as_block(t[a:b], col):
                 continue
-            if self.huge or _rest_cut_ok(t[:a] + t[b:], i + 1):  # it sat at rest's line i + 1
+            if not rest or self.huge or self._rest_ok(a, b):
                 return a, b, col
         return None
+
+    def _rest_ok(self, a: int, b: int) -> bool:
+        """Whether the buffer without ``[a, b)`` (a span of whole lines) parses and was cut
+        cleanly there (:func:`_rest_cut_ok`, remembered across keystrokes)."""
+        t = self.text
+        return _rest_cut_ok(t[:a] + t[b:], self._lines.line_of(a) + 1)  # it sat at rest's line i + 1
 
     def written_indent(self, insert: str, replace_right: int) -> int | None:
         """Least indentation among the code lines the edit writes or moves (the cursor's line
@@ -339,13 +361,21 @@ class SyntaxGuard:
             return True
         need = self.written_indent(insert, replace_right)
         for wide in (False, True):
-            seg = self.segment(wide, need)
+            # the wide span's rest is parsed only when the wide span with the edit parses (a
+            # rest of its own, ~70 ms on 200 KB): when it does not, the edit is judged on it
+            if wide and need not in self._wide:
+                self._wide[need] = self._cut(True, need, rest=False)
+            seg = self._wide[need] if wide else self.segment(False, need)
             if seg is None or self.offset + replace_right > seg[1]:
+                if self.typing_here:
+                    return True  # the buffer does not parse (mid-typing): nothing to protect
                 return self.keeps_whole(insert, replace_right)
             a, b, col = seg
             part, off = self.text[a:b], self.offset - a
             if parses_as_block(apply(part, off, insert, replace_right), col):
-                return True
+                if not wide or self.segment(True, need) == seg:
+                    return True
+                return self.keeps_whole(insert, replace_right)  # the wide cut is not clean
         return _opens_block_ok(part, off, insert, replace_right, col)
 
     def keeps_whole(self, insert: str, replace_right: int = 0) -> bool:

@@ -33,7 +33,9 @@ No clean segment (the code around the cursor has errors already: mid-typing), no
 filtered, as for Python. Every re-parse of a candidate is bounded in parser work
 (:data:`BUDGET`, the parser's progress reports: deterministic, not a clock): an edit that makes
 the parser redo more than that after it (an unclosed bracket re-parses the rest of the segment)
-counts as broken. A parse stuck in error recovery (a time cap far above a normal parse) decides
+counts as broken, unless the suggestion is balanced (closes every bracket and string it opens,
+:func:`.languages.balanced`): then its segment is re-parsed once more with the budget of a parse
+from scratch (an edit inside a long literal table). A parse stuck in error recovery (a time cap far above a normal parse) decides
 nothing and the suggestion is kept. Re-parsing the whole buffer with the suggestion
 (:meth:`TreeGuard.keeps_whole`) is the reference rule; the segment rule agrees with it or is
 stricter (tests/unit/lsp_server/test_treesitter.py).
@@ -47,12 +49,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import threading
 import time
 from collections import OrderedDict
 from typing import Any
 
-from .languages import LANGUAGES, Language, lookup, unclosed
+from .languages import LANGUAGES, Language, balanced, lookup, unclosed
 
 try:
     import tree_sitter as _ts  # optional dependency: without it, text rules only
@@ -64,6 +67,7 @@ DOCUMENTS = 32
 _ANCESTORS = 12
 """How many enclosing nodes are tried as the segment before the top-level run."""
 SEGMENTS = 3
+"""How many segments, innermost first, an edited buffer is judged on before it is dropped."""
 BUDGET = 40
 """Parser work one candidate may spend on one re-parse, in the parser's progress reports (one
 about every 70 bytes parsed anew: ~3 KB), plus one for every 64 bytes it inserts. Counted in
@@ -71,13 +75,17 @@ work, not time, so that a verdict does not depend on how busy the machine is (mo
 DOCUMENT_BUDGET = 400
 """Parser work a buffer's re-parse may take beyond twice that of a parse from scratch."""
 DOCUMENT_CAP_S = 0.25
-"""Seconds a buffer's parse may take at most (error recovery can take seconds on a large file
-with an unclosed string); past it nothing is judged for that request."""
+"""Seconds a buffer's first parse may take at most (error recovery can take seconds on a large
+file with an unclosed string); past it nothing is judged for that request."""
+EDIT_CAP_S = 0.1
+"""Seconds a buffer's re-parse from its kept tree may take at most: a keystroke that opens a
+string running to the end of a large file sends the parser into error recovery over all of it;
+past the cap nothing is judged for that request, and the next keystroke starts again from the
+kept tree (the one from before the string was opened)."""
 OPENER_LINE = 400
 """Characters: a longer line is not looked at as a block opener (a generated one-line file)."""
 SEGMENT_MAX = 48_000
 """Bytes: a larger enclosing node is not taken as a segment (its parse would cost too much)."""
-"""How many segments, innermost first, an edited buffer is judged on before it is dropped."""
 
 
 def available() -> bool:
@@ -208,7 +216,7 @@ def document_tree(name: str, key: str, data: bytes) -> Any | None:
         s = _common_suffix(old, data, min(len(old), len(data)) - p)
         edited = edit_copy(old_tree, p, _point(old, p), old[p:len(old) - s], data[p:len(data) - s])
     try:
-        tree = bounded_parse(name, data, edited, budget, DOCUMENT_CAP_S)
+        tree = bounded_parse(name, data, edited, budget, DOCUMENT_CAP_S if edited is None else EDIT_CAP_S)
     except _OverBudget:
         return None
     with _DOCS_LOCK:
@@ -240,21 +248,54 @@ def _spans_as(root: Any, lo: int, hi: int, kind: str) -> bool:
     return all(c == top or c.is_extra or c.end_byte <= lo for c in root.children)
 
 
-def errors(node: Any) -> int:
-    """How many ``ERROR`` and ``MISSING`` nodes are under ``node`` (a cursor walk that skips
-    every subtree holding none)."""
+def error_nodes(node: Any) -> list[tuple[int, str]]:
+    """``(start byte, type)`` of the ``ERROR`` and ``MISSING`` nodes under ``node`` (a cursor walk
+    that skips every subtree holding none)."""
     if not node.has_error:
-        return 0
-    n, cur = 0, node.walk()
+        return []
+    out, cur = [], node.walk()
     while True:
         x = cur.node
         if x.is_error or x.is_missing:
-            n += 1
+            out.append((x.start_byte, "MISSING " + x.type if x.is_missing else x.type))
         if not x.is_missing and x.has_error and cur.goto_first_child():
             continue
         while not cur.goto_next_sibling():
             if not cur.goto_parent():
-                return n
+                return out
+
+
+@functools.cache
+def _keyword_pattern(words: tuple[str, ...]) -> re.Pattern[bytes]:
+    # not after `.`, `::`, `@`, `$` (a method called on a receiver, a variable), not before a
+    # name character, `?`, `!` or `:` (another name, a hash key)
+    alt = b"|".join(re.escape(w.encode()) for w in words)
+    return re.compile(rb"(?<![\w.:@$])(?:" + alt + rb")(?![\w?!:])")
+
+
+_NAMED_ON_PURPOSE = frozenset({"method", "singleton_method", "alias", "undef"})
+
+
+def strays(lang: Language, root: Any, data: bytes, ranges: list[tuple[int, int]]) -> int:
+    """How many of the language's ``keywords`` the tree ``root`` (of ``data``) reads as a plain
+    name (an ``identifier`` leaf, not a method's own name) inside ``ranges``: each an error the
+    grammar does not report (a stray ``end`` in Ruby)."""
+    if not lang.keywords:
+        return 0
+    pat, n = _keyword_pattern(lang.keywords), 0
+    for lo, hi in ranges:
+        for m in pat.finditer(data, max(lo, 0), hi):
+            node = root.descendant_for_byte_range(m.start(), m.end())
+            if node is not None and node.type == "identifier" and node.start_byte == m.start() \
+                    and node.end_byte == m.end() and (node.parent is None or node.parent.type not in _NAMED_ON_PURPOSE):
+                n += 1
+    return n
+
+
+def _changed(old: Any, new: Any, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The ranges of ``new`` whose structure differs from the edited tree ``old``, and
+    ``[lo, hi)`` (the inserted bytes)."""
+    return [(r.start_byte, r.end_byte) for r in old.changed_ranges(new)] + [(lo, hi)]
 
 
 def _holds_list(parent: Any) -> bool:
@@ -323,11 +364,15 @@ def segment_tree(name: str, data: bytes, kind: str | None, where: str = "") -> A
     return tree
 
 
-def _judge(name: str, data: bytes, kind: str | None) -> bool:
-    """Whether ``data`` parses on its own with no error (as one node of type ``kind`` when given)."""
-    wrap = lookup(name).wrap.encode()
-    root = parse(name, wrap + data + b"\n").root_node
-    return not root.has_error and (kind is None or _spans_as(root, len(wrap), len(wrap) + len(data), kind))
+def _judge(name: str, data: bytes, kind: str | None, after: int = 0) -> bool:
+    """Whether ``data`` parses on its own with no error (as one node of type ``kind`` when given),
+    no keyword read as a name from byte ``after`` on (:func:`strays`)."""
+    lang = lookup(name)
+    wrap = lang.wrap.encode()
+    whole = wrap + data + b"\n"
+    root = parse(name, whole).root_node
+    return not root.has_error and (kind is None or _spans_as(root, len(wrap), len(wrap) + len(data), kind)) \
+        and not strays(lang, root, whole, [(len(wrap) + after, len(whole))])
 
 
 class TreeGuard:
@@ -444,20 +489,31 @@ class TreeGuard:
         if not segs:
             return True  # the code around the cursor has errors already (mid-typing): no baseline
         budget = BUDGET + len(ins) // 64
-        try:
-            for a, b, kind, loose in segs:
+        for a, b, kind, loose in segs:
+            try:
                 if self._segment_ok(a, b, kind, loose, ins, rr, budget):
                     return True
-        except _OutOfTime:
-            return True  # the parser is stuck in error recovery: no verdict, nothing withheld
-        except _OverBudget:
-            pass  # the edit makes the parser redo the code after it: judged on the whole buffer
+            except _OutOfTime:
+                return True  # the parser is stuck in error recovery: no verdict, nothing withheld
+            except _OverBudget:
+                # the edit makes the parser redo the code after it: an unclosed bracket, or a
+                # balanced edit inside a long literal (a table of thousands of numbers), which
+                # gets one re-parse of its segment as from scratch
+                if balanced(insert, self.lang):
+                    try:
+                        if self._segment_ok(a, b, kind, loose, ins, rr, budget + 2 * (b - a) // 64):
+                            return True
+                    except _OutOfTime:
+                        return True
+                    except _OverBudget:
+                        pass
+                break  # judged on the whole buffer
         a, b, kind, loose = segs[-1]
         kind = None if loose else kind
         if self._opens_block_ok(insert, lambda extra: _judge(
-                self.lang.name, self._edited(a, b, ins + extra, rr), kind), replace_right):
+                self.lang.name, self._edited(a, b, ins + extra, rr), kind, self.bo - a), replace_right):
             return True
-        return self._whole_ok(ins, rr, budget, fewer=True)
+        return self._whole_ok(ins, rr, budget)
 
     def _segment_ok(self, a: int, b: int, kind: str | None, loose: bool, ins: bytes, rr: int,
                     budget: int) -> bool:
@@ -470,30 +526,39 @@ class TreeGuard:
         new = wrap + self._edited(a, b, ins, rr) + b"\n"
         start = len(wrap) + self.bo - a
         t = edit_copy(base, start, _point(old, start), self.data[self.bo:self.bo + rr], ins)
-        root = bounded_parse(name, new, t, budget).root_node
-        if root.has_error:
+        tree = bounded_parse(name, new, t, budget)
+        root = tree.root_node
+        if root.has_error or strays(self.lang, root, new, _changed(t, tree, start, start + len(ins))):
             return False
         return loose or kind is None or _spans_as(root, len(wrap), len(new) - 1, kind)
 
     @functools.cached_property
-    def errors(self) -> int:
-        """How many error and missing nodes the buffer's tree holds."""
-        return errors(self.tree.root_node)
+    def error_nodes(self) -> list[tuple[int, str]]:
+        """The error and missing nodes of the buffer's tree (:func:`error_nodes`)."""
+        return error_nodes(self.tree.root_node)
 
-    def _whole_ok(self, ins: bytes, rr: int, budget: int, fewer: bool = False) -> bool:
+    def _whole_ok(self, ins: bytes, rr: int, budget: int) -> bool:
         """Whether the whole buffer with the edit, re-parsed incrementally within ``budget``
-        (:func:`bounded_parse`), has no error, or no more error and missing nodes than the buffer (``fewer``:
-        fewer; not decided in time: False)."""
+        (:func:`bounded_parse`), has no error, or fewer error and missing nodes than the buffer
+        and none that the buffer did not have (at the same place, after the edit: an error
+        where the suggestion lands); no keyword read as a name where the structure changed
+        (:func:`strays`); not decided in time: False."""
         new = self.data[:self.bo] + ins + self.data[self.bo + rr:]
         t = edit_copy(self.tree, self.bo, self.point, self.data[self.bo:self.bo + rr], ins)
         try:
             tree = bounded_parse(self.lang.name, new, t, budget)
         except _OverBudget:
             return False
-        if not tree.root_node.has_error:
+        root, end = tree.root_node, self.bo + len(ins)
+        if strays(self.lang, root, new, _changed(t, tree, self.bo, end)):
+            return False
+        if not root.has_error:
             return True
-        n = errors(tree.root_node)
-        return n < self.errors if fewer else n <= self.errors
+        shift = len(ins) - rr
+        before = {(s, k) for s, k in self.error_nodes if s <= self.bo} | \
+                 {(s + shift, k) for s, k in self.error_nodes if s >= self.bo + rr}
+        now = error_nodes(root)
+        return len(now) < len(self.error_nodes) and all(e in before for e in now)
 
     def _opens_block_ok(self, insert: str, judge, replace_right: int = 0) -> bool:
         """The suggestion's last line opens a block with no body yet (the code after it is not
@@ -521,12 +586,13 @@ class TreeGuard:
         new = self.data[:self.bo] + ins + self.data[self.bo + rr:]
         tree = edited_tree(self.lang.name, self.tree, self.data, new, self.bo, self.bo + rr,
                            self.bo + len(ins))
-        if not tree.root_node.has_error:
+        if not tree.root_node.has_error and not strays(self.lang, tree.root_node, new, [(self.bo, len(new))]):
             return True
 
         def judge(extra: bytes) -> bool:
-            return not parse(self.lang.name, new[:self.bo + len(ins)] + extra
-                             + new[self.bo + len(ins):]).root_node.has_error
+            closed = new[:self.bo + len(ins)] + extra + new[self.bo + len(ins):]
+            root = parse(self.lang.name, closed).root_node
+            return not root.has_error and not strays(self.lang, root, closed, [(self.bo, len(closed))])
         return self._opens_block_ok(insert, judge, replace_right)
 
 

@@ -285,7 +285,7 @@ def rates(lang: str, n_files: int, k: int, rng: random.Random) -> dict:
                 agree=(agree / compared) if compared else None)
 
 
-def cost(lang: str, rng: random.Random, target: int) -> tuple[float, float, float, int] | None:
+def cost(lang: str, rng: random.Random, target: int, positions: int = 40) -> tuple[float, float, float, int] | None:
     """p50/p95 ms of keeps() per candidate, p95 ms of a request's set-up, file size."""
     exts, roots = CORPORA[lang]
     best = None
@@ -308,7 +308,7 @@ def cost(lang: str, rng: random.Random, target: int) -> tuple[float, float, floa
     per, reparse = [], []
     lines = [i for i, ch in enumerate(text) if ch == "\n"]
     path = f"/bench/cost.{lang}"
-    for _ in range(15):
+    for _ in range(positions):
         c = rng.choice(lines) + 1
         e = text.find("\n", c)
         e = len(text) if e < 0 else e
@@ -343,6 +343,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=200)
     ap.add_argument("--cases", type=int, default=2, help="holes per file")
     ap.add_argument("--no-cost", action="store_true")
+    ap.add_argument("--positions", type=int, default=40, help="cursor positions a file for the cost")
     args = ap.parse_args()
     print(f"grammars loaded: {', '.join(treesitter.supported())}")
     print(f"{'language':<11} {'files':>5} {'holes':>5} {'judged':>6} {'keep(a)':>7} {'corrupt':>7} "
@@ -353,7 +354,7 @@ def main() -> None:
         costs = ["", "", ""]
         if not args.no_cost:
             for i, target in enumerate((10_000, 200_000)):
-                got = cost(lang, rng, target)
+                got = cost(lang, rng, target, args.positions)
                 if got:
                     costs[i] = f"{got[0]:.2f}/{got[1]:.2f}"
                     if i == 1:

@@ -74,3 +74,11 @@ def test_unclosed_brackets_innermost_first():
     assert languages.unclosed("describe('x', () => {", js) == ["}", ")"]
     assert languages.unclosed("f(a) { g('{'); // {", js) == ["}"]  # strings, comments skipped
     assert languages.unclosed("x = [1, 2]", js) == []
+
+
+def test_balanced_closes_what_it_opens_and_nothing_else():
+    rs = languages.lookup("rust")
+    assert languages.balanced("0xFF, 0x2", rs) and languages.balanced('f("(", [1])', rs)
+    for text in ("f(a", "a)", "[1)", 'x = "ab', "(\n", "a // )\n)"):
+        assert not languages.balanced(text, rs), text
+    assert languages.balanced("a // (", rs)  # a comment

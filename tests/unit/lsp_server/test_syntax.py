@@ -227,3 +227,33 @@ def test_fast_path_matches_the_reference_on_library_code():
                 assert g.keeps(ins, rr) == g.keeps_whole(ins, rr), (mod.__name__, li, col, ins, rr)
                 checked += 1
     assert checked == 320 and fast > 60  # the fast path was taken for most cursors
+
+
+def test_typing_a_block_header_is_judged_without_parsing_the_whole_buffer(monkeypatch):
+    """The user types ``for v in values:`` above an indented body, one key at a time: the
+    buffer does not parse on any keystroke (a name before an indented block), so nothing is
+    withheld -- the reference rule's verdict -- and after the first keystroke no parse of the
+    whole buffer is made (the rest around the method is remembered)."""
+    from diffill.lsp_server import syntax
+    from diffill.lsp_server.syntax import _rest_cut_ok
+
+    body = "            print(v)\n"
+    base = CLASSY.replace("        return values\n", "        \n" + body + "        return values\n")
+    at = base.index("        \n" + body) + 8
+    header = "for v in values:"
+    texts = [(k, base[:at] + header[:k] + base[at:]) for k in range(1, len(header))]
+    for k, text in texts:  # the verdicts: the reference rule's
+        g = SyntaxGuard(text, at + k, language="python")
+        assert not parses(text)
+        for cand in (header[k:], header[k:] + "(", "x", ")"):
+            assert g.keeps(cand) == g.keeps_whole(cand) is True, (k, cand)
+    _rest_cut_ok.cache_clear()
+    sizes: list[int] = []
+    real = syntax.parse_tree
+    monkeypatch.setattr(syntax, "parse_tree", lambda src: (sizes.append(len(src)), real(src))[1])
+    for k, text in texts:  # the cost: only the fast path runs, as in the Completer
+        if k == 2:
+            sizes.clear()  # the first keystroke parses the rest of the buffer once
+        g = SyntaxGuard(text, at + k, language="python")
+        assert all(g.keeps(cand) for cand in (header[k:], header[k:] + "(", "x", ")"))
+    assert sizes and max(sizes) < len(base), sizes  # the method, the class: never the whole buffer

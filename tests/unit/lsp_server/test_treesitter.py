@@ -47,7 +47,8 @@ CASES = [
     ("csharp", "class A {\n  int F(int a) {\n    var b = a * 2;\n    |\n    return b;\n  }\n}\n",
      "var c = b + 1;", ["var c = (b + 1;", "}", "var c = b];"], "if (b > 2) {"),
     ("ruby", "class A\n  def f(a)\n    b = a * 2\n    |\n    b\n  end\nend\n",
-     "c = b + 1", ["c = (b + 1", "c = [b", "c = b]"], "if b > 2"),  # a stray `end` parses (grammar)
+     "c = b + 1", ["c = (b + 1", "c = [b", "c = b]", "end", "c = 1\n    end"], "if b > 2"),
+    # (a stray `end` parses as a name with tree-sitter-ruby: the table's keywords catch it)
     ("php", "<?php\nfunction f($a) {\n  $b = $a * 2;\n  |\n  return $b;\n}\n",
      "$c = $b + 1;", ["$c = ($b + 1;", "}", "$c = $b];"], "if ($b > 2) {"),
     ("lua", "local function f(a)\n  local b = a * 2\n  |\n  return b\nend\n",
@@ -173,6 +174,53 @@ def test_segment_rule_agrees_with_the_whole_buffer_rule():
     differ = [v for v in verdicts if v[0] != v[1]]
     assert len(differ) <= len(verdicts) // 20, differ
     assert all(not fast for fast, _, _, _ in differ), differ  # only ever stricter
+
+
+def test_ruby_keywords_read_as_names_count_as_errors_but_method_names_do_not():
+    """tree-sitter-ruby reads a stray ``end`` (``else``, ``rescue``...) as a method call with no
+    error; ``ruby -c`` rejects it. A keyword read as a plain name is an error for the guard, a
+    method called ``end`` on a receiver (``Range#end``, ``MatchData#end``) or defined so is not."""
+    _need("ruby")
+    text, off = _at("class A\n  def f(r, m)\n    b = 1\n    |\n    b\n  end\nend\n")
+    g = SyntaxGuard(text, off, language="ruby", path="/t/kw.rb")
+    for good in ("x = r.end", "y = m.end(0)", "h = {end: 1}", "s = :end", "z = r&.end", "w = m.end?"):
+        assert g.keeps(good) and g.keeps_whole(good), good
+    for bad in ("end", "x = 1\n    end", "a(end)", "x = [end]"):
+        assert not g.keeps(bad) and not g.keeps_whole(bad), bad
+    rb = languages.lookup("ruby")
+    root = treesitter.parse("ruby", b"def end\n  1\nend\nx.end\n").root_node
+    assert treesitter.strays(rb, root, b"def end\n  1\nend\nx.end\n", [(0, 22)]) == 0
+    stray = b"def f\n  1\nend\nend\n"
+    assert treesitter.strays(rb, treesitter.parse("ruby", stray).root_node, stray, [(0, len(stray))]) == 1
+
+
+def test_buffer_broken_elsewhere_keeps_a_repair_and_drops_a_new_error_where_it_lands():
+    """The hole broke the structure (a stray ``}``: the buffer has errors, every segment with
+    the candidate fails): the true middle repairs it and is kept; one that repairs as much but
+    leaves an error of its own where it lands is dropped (fewer errors, but a new one)."""
+    _need("java")
+    text, off = _at("class A {\n  void f(boolean c) {\n    if (c) |\n      g();\n    }\n    h();\n  }\n}\n")
+    g = SyntaxGuard(text, off, language="java", path="/t/repair.java")
+    assert not g.tree_guard.clean and g.tree_guard.segments(0)
+    assert g.keeps("{") and g.keeps("{ // go")
+    for bad in ("{(", "{[", "{ g("):
+        assert not g.keeps(bad), bad
+
+
+def test_balanced_edit_inside_a_long_literal_is_judged_not_over_budget():
+    """A span typed inside a 25 KB table re-parses more than a candidate's budget: a balanced
+    one gets its segment re-parsed as from scratch (kept), an unbalanced one stays broken."""
+    _need("rust")
+    rows = "".join("    " + ", ".join(f"0x{(i * 16 + k) * 37 % 256:02X}" for k in range(16)) + ",\n"
+                   for i in range(250))
+    data = "pub static T: [u8; 4000] = [\n" + rows + "];\n\nfn main() {}\n"
+    off = data.index("0x", len(data) // 2)
+    mid = data[off:off + 12]
+    g = SyntaxGuard(data[:off] + data[off + 12:], off, language="rust", path="/t/table.rs")
+    assert g.tree_guard.clean
+    assert g.keeps(mid)
+    for bad in ("(" + mid, mid + "]", mid[:5] + '"' + mid[5:]):
+        assert not g.keeps(bad), bad
 
 
 def test_import_safe_without_tree_sitter():
