@@ -35,7 +35,8 @@ are skipped (their idf is near zero), and at most ``postings_budget`` postings a
 so a query costs about a millisecond whatever the workspace size.
 
 **Updates**: :meth:`WorkspaceIndex.put` (re)indexes one file's text (a save, a watched-file
-change, an edited open document), :meth:`~WorkspaceIndex.drop` removes one; the old chunks
+change, an edited open document; a saved or watched file that the walk would leave out,
+:func:`excluded`, is not indexed), :meth:`~WorkspaceIndex.drop` removes one; the old chunks
 become tombstones (skipped by search) and are reclaimed when they exceed half of all
 chunks (:meth:`~WorkspaceIndex.compact`, from the stored texts).
 
@@ -245,6 +246,30 @@ def walk(root: str | Path, *, stop: Callable[[], bool] | None = None) -> Iterato
                 continue
         for path, rel in reversed(subdirs):
             stack.append((path, rel, rules.child(rel, _read_rules(path, (".gitignore", ".ignore")))))
+
+
+def excluded(root: str | Path, path: str | Path) -> bool:
+    """Whether :func:`walk` of ``root`` leaves the file ``path`` out -- an ignore file on its
+    way down from ``root``, a folder of :data:`SKIP_DIRS` or its name -- or ``path`` is not
+    under ``root``. For the files a save or a watched-file change names, one at a time: the
+    ignore files on the path are read again each call."""
+    root, path = Path(root), Path(path)
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return True
+    if not parts:
+        return True
+    rules = IgnoreRules().child("", _read_rules(root, (".git/info/exclude", ".gitignore", ".ignore")))
+    folder, rel_dir = root, ""
+    for name in parts[:-1]:
+        rel = f"{rel_dir}/{name}" if rel_dir else name
+        if name in SKIP_DIRS or name.endswith(".egg-info") or rules.ignored(rel, True):
+            return True
+        folder, rel_dir = folder / name, rel
+        rules = rules.child(rel, _read_rules(folder, (".gitignore", ".ignore")))
+    name = parts[-1]
+    return rules.ignored(f"{rel_dir}/{name}" if rel_dir else name, False) or _skip_name(name)
 
 
 def _skip_name(name: str) -> bool:

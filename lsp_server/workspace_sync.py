@@ -8,9 +8,12 @@ kept current, the ring of recent regions, and the extras each request gets.
   part indexed so far.
 * **Kept current**: ``didSave`` re-reads the file; ``workspace/didChangeWatchedFiles``
   re-reads or drops the files it names (the watcher for ``**/*`` is registered dynamically
-  when the client allows it: ``workspace.didChangeWatchedFiles.dynamicRegistration``); an
-  edited open document is re-indexed from its text half a second after its last change, on
-  the index's thread; a file under no workspace folder is indexed while it is open.
+  when the client allows it: ``workspace.didChangeWatchedFiles.dynamicRegistration``), except
+  those the build leaves out (``.gitignore``'d, vendored, generated: :func:`.workspace.excluded`,
+  so an ``npm install`` or a build under the folder does not fill the index); an edited open
+  document is re-indexed from its text half a second after its last change, on the index's
+  thread; a file under no workspace folder, or one the build leaves out, is indexed while it
+  is open.
 * **Recent**: every opened document (its first lines), every edit and every completion
   request notes its place in the ring
   (:mod:`.recent`); a closed document's text is kept for its regions.
@@ -40,7 +43,7 @@ from pygls.uris import to_fs_path
 from .gather import DEFINITIONS_BUDGET_MS, Extras, Gatherer
 from .options import CompletionOptions
 from .recent import RecentRing
-from .workspace import IndexLimits, WorkspaceIndex, build_index, read_text_file
+from .workspace import IndexLimits, WorkspaceIndex, build_index, excluded, read_text_file
 
 log = logging.getLogger("diffill.workspace")
 
@@ -151,7 +154,14 @@ class WorkspaceSync:
     def _in_roots(self, path: str) -> bool:
         return any(path.startswith(r + os.sep) for r in self.roots)
 
+    def _excluded(self, path: str) -> bool:
+        """Left out by the walk of every workspace folder holding it (:func:`.workspace.excluded`:
+        its ignore files, vendored/generated folders, its name)."""
+        return all(excluded(r, path) for r in self.roots if path.startswith(r + os.sep))
+
     def _reread(self, path: str) -> None:
+        if self._excluded(path):
+            return  # .gitignore'd, vendored, generated: what the build leaves out stays out
         text = read_text_file(Path(path), self.index.limits.max_file_bytes)
         if text is None:
             self.index.drop(path)
@@ -215,7 +225,7 @@ class WorkspaceSync:
         text = self._last.pop(uri, None)
         if text is not None:
             self.ring.closed(uri, text)
-        if path and not self._in_roots(path):
+        if path and (not self._in_roots(path) or self._excluded(path)):
             self._pool.submit(self.index.drop, path)
 
     # -- per request -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from diffill.lsp_server.workspace import (
     IndexLimits,
     WorkspaceIndex,
     build_index,
+    excluded,
     parse_ignore,
     usable_text,
     walk,
@@ -75,6 +76,20 @@ def test_walk_and_build_skip_ignored_vendored_generated_binary_and_big(tmp_path:
     st = build_index(idx, [tmp_path])
     assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in idx.paths()) == ["a.py", "pkg/b.py"]
     assert st.state == "ready" and st.files == 2 and st.skipped_files == 4
+
+
+def test_nested_gitignore_files_on_disk_and_excluded_agree_with_the_walk(tmp_path: Path):
+    _tree(tmp_path)
+    (tmp_path / "pkg" / ".gitignore").write_text("/local.py\n")
+    (tmp_path / "pkg" / "local.py").write_text("x = 6\n")
+    (tmp_path / "local.py").write_text("x = 7\n")  # the nested file's anchored rule is pkg's
+    walked = {rel for _, rel in walk(tmp_path)}
+    assert "pkg/local.py" not in walked and "local.py" in walked
+    for p in tmp_path.rglob("*"):
+        if p.is_file():
+            rel = p.relative_to(tmp_path).as_posix()
+            assert excluded(tmp_path, p) == (rel not in walked), rel
+    assert excluded(tmp_path, tmp_path.parent / "elsewhere.py")
 
 
 def test_usable_text():

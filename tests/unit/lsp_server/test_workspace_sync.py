@@ -55,6 +55,26 @@ def test_watched_files_and_saves(tmp_path: Path):
     ws.shutdown()
 
 
+def test_saved_and_watched_files_the_build_leaves_out_stay_out(tmp_path: Path):
+    """An ``npm install``, a build or a virtual environment under the folder: the watcher's
+    events and saves name files that ``.gitignore`` or the vendored folders exclude."""
+    opts = CompletionOptions()
+    ws = WorkspaceSync(lambda: opts)
+    ws.roots = [str(tmp_path)]
+    (tmp_path / ".gitignore").write_text("out/\n")
+    rels = ["node_modules/x.js", "out/gen.py", ".venv/lib/y.py", "src/ok.py"]
+    for rel in rels:
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(CHUNK)
+    ws.watched([types.FileEvent(uri=(tmp_path / r).as_uri(), type=types.FileChangeType.Created)
+                for r in rels])
+    ws.saved(str(tmp_path / "out" / "gen.py"))
+    ws._pool.submit(lambda: None).result(timeout=10)  # the index's thread has done them all
+    assert ws.index.paths() == [str(tmp_path / "src" / "ok.py")]
+    ws.shutdown()
+
+
 def test_options_turn_it_off():
     opts = msgspec.structs.replace(CompletionOptions(), workspace_index=False)
     ws = WorkspaceSync(lambda: opts)
