@@ -37,7 +37,10 @@ policy decides what fits (:func:`build_context`):
 Formats (``header_format``, from the loaded family's recipe, ``model/recipes.py``
 ``Recipe.cross_file``): ``"comment"`` -- each snippet as a ``<comment> path: p`` line in the
 file's line-comment syntax, then its text, and a last ``<comment> path: <current file>``
-line; ``"qwen-repo"`` -- the repository-level format Qwen2.5-Coder was pre-trained on
+line (after Tabby's prompt builder, ``build_prefix`` in github.com/TabbyML/tabby
+``crates/tabby/src/services/completion/completion_prompt.rs``: a ``<comment> Path: p`` line
+before each snippet; Tabby comments out the snippet's lines as well, here they are left as
+they are); ``"qwen-repo"`` -- the repository-level format Qwen2.5-Coder was pre-trained on
 (Qwen2.5-Coder Technical Report, arXiv 2409.12186, section 3.1.2, and the README of
 github.com/QwenLM/Qwen2.5-Coder, "repository level code completion"):
 ``<|repo_name|>{name}\n`` then ``<|file_sep|>{path}\n{text}\n`` per file, the current file
