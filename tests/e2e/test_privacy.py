@@ -6,7 +6,8 @@ unless a debug option says so.
   audit hook (installed before diffill is imported) that records and refuses every
   ``socket.connect``, DNS lookup and datagram send. Nothing may be recorded. As a
   positive control the same guard catches the connection a server configured with
-  ``backend = "openai"`` tries to make.
+  ``backend = "openai"`` tries to make. The same over a session on a workspace folder, the
+  index built and every extra on; nothing is written into the folder either.
 * ``diffill serve --log-level debug`` and ``diffill serve-http --log-level debug``:
   a unique secret typed into the buffer / sent in a prompt never reaches the log
   file; with ``--debug-log-buffers`` it does (the check can fail).
@@ -80,6 +81,49 @@ def test_no_network_in_a_full_session(model_dir: Path, tmp_path: Path):
         c.kill()
     assert st["loaded"] and st["model_requests"] >= 1
     assert not log.exists() or log.read_text() == "", log.read_text()
+
+
+def test_no_network_and_nothing_written_with_the_workspace_and_every_extra(model_dir: Path,
+                                                                          tmp_path: Path):
+    """The same guard over a session on a workspace folder: the index built, kept current on
+    an edit and a save, and every extra on (definitions, retrieved chunks, recent regions,
+    workspace drafts); nothing goes out and nothing is written into the folder."""
+    root = tmp_path / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "geometry.py").write_text(
+        'def border_margin(width):\n    """The margin."""\n    return width // 10\n')
+    main = "from pkg.geometry import border_margin\n\n\ndef area(width, height):\n    m = border_margin("
+    (root / "main.py").write_text(main)
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    c, log = guarded(["serve", "--model", str(model_dir)], tmp_path)
+    try:
+        opts = {"diffill": {**OPTIONS["diffill"], "workspaceContext": True,
+                            "definitionsContext": True, "recentContext": True}}
+        res = c.request("initialize", {"processId": None, "rootUri": root.as_uri(),
+                                       "workspaceFolders": [{"uri": root.as_uri(), "name": "project"}],
+                                       "capabilities": {}, "initializationOptions": opts})
+        assert "result" in res, res
+        c.notify("initialized", {})
+        c.wait_loaded()
+        t0 = time.monotonic()
+        while c.request("diffill/status")["result"]["workspace"]["state"] != "ready":
+            assert time.monotonic() - t0 < 60, "workspace index not ready"
+            time.sleep(0.1)
+        uri = (root / "main.py").as_uri()
+        c.open(uri, main)
+        line, char = end_position(main)
+        c.change(uri, 2, [{"range": {"start": {"line": line, "character": char},
+                                     "end": {"line": line, "character": char}}, "text": "w"}])
+        c.notify("textDocument/didSave", {"textDocument": {"uri": uri}})
+        for send in (c.completion_async, c.inline_async):
+            assert "result" in c.wait_for(send(uri, line, char + 1), 120)
+        st = c.request("diffill/status")["result"]["workspace"]
+        assert st["files"] == 2 and st["gather_p95_ms"] is not None, st
+        assert c.shutdown() == 0
+    finally:
+        c.kill()
+    assert not log.exists() or log.read_text() == "", log.read_text()
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
 
 
 def test_the_guard_catches_a_remote_backend(tmp_path: Path):
