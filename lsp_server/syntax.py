@@ -49,6 +49,7 @@ import ast
 import functools
 import re
 import warnings
+from collections import OrderedDict
 from itertools import accumulate
 
 from . import treesitter
@@ -102,6 +103,12 @@ def _rest_cut_ok(rest: str, line: int) -> bool:
     return True
 
 
+_GOOD_RESTS: OrderedDict[tuple[str, int], bool] = OrderedDict()
+"""The rests (and cut lines) :func:`_rest_cut_ok` accepted lately, looked up without parsing
+(:attr:`SyntaxGuard.typing_here`)."""
+
+
+@functools.lru_cache(maxsize=32)
 def parses_as_block(source: str, indent: int) -> bool:
     """Whether ``source`` parses as statements of one block at column ``indent`` (0: module
     level): a line dedented below ``indent`` would leave the block, and a block whose
@@ -269,6 +276,16 @@ class SyntaxGuard:
         self._segments: dict[tuple[bool, int | None], tuple[int, int, int] | None] = {}
         self._wide: dict[int | None, tuple[int, int, int] | None] = {}
 
+    def prepare(self) -> None:
+        """The work of a request that no candidate changes, done now (it is done lazily by the
+        first :meth:`keeps` otherwise): for Python the cut at the cursor's own indentation and,
+        without a clean one, whether the user is typing there; for the other languages the
+        buffer's incremental re-parse and the segments around the cursor."""
+        if self.tree_guard is not None:
+            self.tree_guard.segments(0)
+        elif self.applies and self.segment(False, self.written_indent("", 0)) is None:
+            _ = self.typing_here
+
     @functools.cached_property
     def typing_here(self) -> bool:
         """Whether the innermost cut around the cursor does not parse while the rest of the
@@ -278,9 +295,16 @@ class SyntaxGuard:
         on every keystroke of a statement being typed. False on a huge buffer."""
         if not self.applies or self.huge or not self._spans:
             return False
-        i, j, col = self._spans[0]
-        a, b = self._lines.offset_of(i), self._lines.offset_of(j)
-        return not parses_as_block(self.text[a:b], col) and self._rest_ok(a, b)
+        L, t = self._lines, self.text
+        broken = []
+        for i, j, col in self._spans:  # innermost first; an outer one whose rest is known
+            a, b = L.offset_of(i), L.offset_of(j)  # (its header typed two keys ago) decides too
+            if parses_as_block(t[a:b], col):
+                break  # the code around the cursor parses up to here: not typing in it
+            if _GOOD_RESTS.get((t[:a] + t[b:], i + 1)):
+                return True
+            broken.append((a, b))
+        return bool(broken) and self._rest_ok(*broken[0])
 
     @functools.cached_property
     def active(self) -> bool:
@@ -336,7 +360,14 @@ class SyntaxGuard:
         """Whether the buffer without ``[a, b)`` (a span of whole lines) parses and was cut
         cleanly there (:func:`_rest_cut_ok`, remembered across keystrokes)."""
         t = self.text
-        return _rest_cut_ok(t[:a] + t[b:], self._lines.line_of(a) + 1)  # it sat at rest's line i + 1
+        key = (t[:a] + t[b:], self._lines.line_of(a) + 1)  # it sat at rest's line i + 1
+        ok = _rest_cut_ok(*key)
+        if ok:
+            _GOOD_RESTS[key] = True
+            _GOOD_RESTS.move_to_end(key)
+            while len(_GOOD_RESTS) > 16:
+                _GOOD_RESTS.popitem(last=False)
+        return ok
 
     def written_indent(self, insert: str, replace_right: int) -> int | None:
         """Least indentation among the code lines the edit writes or moves (the cursor's line

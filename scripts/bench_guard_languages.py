@@ -20,9 +20,11 @@ buffer of (a) and (b), the tree-sitter whole-buffer verdict with the real parser
 (Python: tree-sitter-python against ``ast``). Cost: :meth:`SyntaxGuard.keeps` per candidate
 on the largest file of the language near 10 KB and near 200 KB (the hole at random lines,
 three candidates a request: the rest of the true line and two corruptions, after the user
-typed its first 1-3 characters, one request a keystroke), and the set-up of each request
-(the incremental re-parse of the buffer and the search for the segments around the cursor,
-once a request whatever the number of candidates).
+typed its first 1-3 characters, one request a keystroke, ``--positions`` cursor positions),
+and the set-up of each request (:meth:`SyntaxGuard.prepare`: for tree-sitter the incremental
+re-parse of the buffer and the search for the segments around the cursor; for Python the cut
+around the cursor, the parse of the rest of the buffer where it is new, or whether the user is
+typing there; once a request whatever the number of candidates).
 
     python scripts/bench_guard_languages.py [--langs go,rust] [--files 200] [--cases 2]
 
@@ -323,8 +325,8 @@ def cost(lang: str, rng: random.Random, target: int, positions: int = 40) -> tup
             rest = mid[k:]
             t0 = time.perf_counter()
             g = SyntaxGuard(typed, c + k, language=lang, path=path)
-            if g.tree_guard is not None:  # the request's set-up: the buffer's incremental
-                g.tree_guard.segments(0)  # re-parse and the segments around the cursor
+            g.prepare()  # the request's set-up (tree-sitter: the buffer's incremental re-parse
+            # and the segments around the cursor; Python: the cut there, or whether it is typed)
             reparse.append((time.perf_counter() - t0) * 1e3)
             for cand in (rest, rest + "(", rest[:-1] if rest[-1] in ")]};" else rest + "}"):
                 t0 = time.perf_counter()

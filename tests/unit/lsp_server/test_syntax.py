@@ -247,7 +247,9 @@ def test_typing_a_block_header_is_judged_without_parsing_the_whole_buffer(monkey
         assert not parses(text)
         for cand in (header[k:], header[k:] + "(", "x", ")"):
             assert g.keeps(cand) == g.keeps_whole(cand) is True, (k, cand)
-    _rest_cut_ok.cache_clear()
+    _rest_cut_ok.cache_clear()  # forget what the reference pass above parsed
+    syntax.parses_as_block.cache_clear()
+    syntax._GOOD_RESTS.clear()
     sizes: list[int] = []
     real = syntax.parse_tree
     monkeypatch.setattr(syntax, "parse_tree", lambda src: (sizes.append(len(src)), real(src))[1])
@@ -257,3 +259,13 @@ def test_typing_a_block_header_is_judged_without_parsing_the_whole_buffer(monkey
         g = SyntaxGuard(text, at + k, language="python")
         assert all(g.keeps(cand) for cand in (header[k:], header[k:] + "(", "x", ")"))
     assert sizes and max(sizes) < len(base), sizes  # the method, the class: never the whole buffer
+
+
+def test_prepare_does_the_request_work_up_front_and_changes_no_verdict():
+    off = _at(CLASSY, "        return y")
+    cands = ["        y += 1\n", "        y = (\n", "else:\n", "return"]
+    lazy = SyntaxGuard(CLASSY, off, language="python")
+    ready = SyntaxGuard(CLASSY, off, language="python")
+    ready.prepare()
+    assert ready._segments  # the cut at the cursor's indentation is found
+    assert [ready.keeps(c) for c in cands] == [lazy.keeps(c) for c in cands]
