@@ -79,8 +79,9 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     model's batch and are checked in its first step; a verified one answers after that one
     step (``lsp_server/drafts.py``, ``model/sampler.py``). Off: the model alone."""
     syntax_check: bool = True
-    """Python buffers: drop suggestions that would make a buffer that parses stop parsing
-    (opening a block at the end of a body is allowed), see ``lsp_server/syntax.py``."""
+    """Drop suggestions that add a syntax error where they land when the code there had none
+    (opening a block at the end of a body is allowed): Python by ``ast``, the languages with a
+    tree-sitter grammar by their tree (``lsp_server/syntax.py``, ``lsp_server/treesitter.py``)."""
     extra_context: bool = False
     """Add a commented header with snippets of other open documents (inside the budget)."""
     extra_context_fraction: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.15

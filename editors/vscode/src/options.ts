@@ -18,6 +18,13 @@ export const SERVER_OPTIONS = [
   'drafts',
   'syntaxCheck',
   'extraContext',
+  'workspaceIndex',
+  'workspaceMaxFiles',
+  'workspaceMaxMb',
+  'workspaceDrafts',
+  'workspaceContext',
+  'definitionsContext',
+  'recentContext',
 ] as const;
 
 export type ServerOptionName = (typeof SERVER_OPTIONS)[number];
