@@ -108,7 +108,6 @@ _GOOD_RESTS: OrderedDict[tuple[str, int], bool] = OrderedDict()
 (:attr:`SyntaxGuard.typing_here`)."""
 
 
-@functools.lru_cache(maxsize=32)
 def parses_as_block(source: str, indent: int) -> bool:
     """Whether ``source`` parses as statements of one block at column ``indent`` (0: module
     level): a line dedented below ``indent`` would leave the block, and a block whose
@@ -118,6 +117,11 @@ def parses_as_block(source: str, indent: int) -> bool:
     tree = parse_tree("class _:\n" + source)  # a class takes no else/elif/except/finally
     return (tree is not None and len(tree.body) == 1
             and all(st.col_offset == indent for st in tree.body[0].body))
+
+
+_span_parses = functools.lru_cache(maxsize=32)(parses_as_block)
+""":func:`parses_as_block` remembered, for the buffer's own spans (the cut and the typing check
+parse the same ones, and the next keystroke the same rest); an edited span is parsed anew."""
 
 
 def apply(text: str, offset: int, insert: str, replace_right: int = 0) -> str:
@@ -299,7 +303,7 @@ class SyntaxGuard:
         broken = []
         for i, j, col in self._spans:  # innermost first; an outer one whose rest is known
             a, b = L.offset_of(i), L.offset_of(j)  # (its header typed two keys ago) decides too
-            if parses_as_block(t[a:b], col):
+            if _span_parses(t[a:b], col):
                 break  # the code around the cursor parses up to here: not typing in it
             if _GOOD_RESTS.get((t[:a] + t[b:], i + 1)):
                 return True
@@ -350,7 +354,7 @@ class SyntaxGuard:
                 continue
             tried.add((i, j))
             a, b = L.offset_of(i), L.offset_of(j)
-            if not parses_as_block(t[a:b], col):
+            if not _span_parses(t[a:b], col):
                 continue
             if not rest or self.huge or self._rest_ok(a, b):
                 return a, b, col

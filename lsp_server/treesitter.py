@@ -31,12 +31,15 @@ become several). Every segment broken: dropped, unless
 
 No clean segment (the code around the cursor has errors already: mid-typing), nothing is
 filtered, as for Python. Every re-parse of a candidate is bounded in parser work
-(:data:`BUDGET`, the parser's progress reports: deterministic, not a clock): an edit that makes
-the parser redo more than that after it (an unclosed bracket re-parses the rest of the segment)
-counts as broken, unless the suggestion is balanced (closes every bracket and string it opens,
-:func:`.languages.balanced`): then its segment is re-parsed once more with the budget of a parse
-from scratch (an edit inside a long literal table). A parse stuck in error recovery (a time cap far above a normal parse) decides
-nothing and the suggestion is kept. Re-parsing the whole buffer with the suggestion
+(:data:`BUDGET`, the parser's progress reports) and in the CPU time of the judging thread
+(:data:`CANDIDATE_CPU_S`; not wall time, so that how busy the machine is does not change a
+verdict): an edit that makes the parser redo more than that after it (an unclosed bracket
+re-parses the rest of the segment, in error recovery) counts as broken, unless the suggestion
+is balanced (closes every bracket and string it opens, :func:`.languages.balanced`): then its
+segment is re-parsed once more with the work budget of a parse from scratch and no CPU cap (an
+edit inside a long literal table); the whole-buffer re-parse of a buffer with errors, where a
+suggestion shows it repairs them, has the work budget only. A parse stuck in error recovery (a
+wall-time cap far above a normal parse) decides nothing and the suggestion is kept. Re-parsing the whole buffer with the suggestion
 (:meth:`TreeGuard.keeps_whole`) is the reference rule; the segment rule agrees with it or is
 stricter (tests/unit/lsp_server/test_treesitter.py).
 
@@ -71,7 +74,14 @@ SEGMENTS = 3
 BUDGET = 40
 """Parser work one candidate may spend on one re-parse, in the parser's progress reports (one
 about every 70 bytes parsed anew: ~3 KB), plus one for every 64 bytes it inserts. Counted in
-work, not time, so that a verdict does not depend on how busy the machine is (module doc)."""
+work, not wall time, so that a verdict does not depend on how busy the machine is (module doc)."""
+CANDIDATE_CPU_S = 0.0012
+"""CPU seconds (of the judging thread: not counting the time other work on the machine takes
+from it) one re-parse of a candidate may take, beside :data:`BUDGET`: in error recovery a
+progress report can stand for far more work than ~70 bytes (an unclosed parenthesis in a 17 KB
+Go switch: 0.1 ms a report), and the budget alone let a broken candidate cost 4-7 ms. A valid
+edit re-parses in far less (up to where the tree joins the old one): with 1.2 ms every true
+middle of the languages bench is kept as with no cap (0.7 ms lost some in JavaScript and C++)."""
 DOCUMENT_BUDGET = 400
 """Parser work a buffer's re-parse may take beyond twice that of a parse from scratch."""
 DOCUMENT_CAP_S = 0.25
@@ -316,13 +326,16 @@ class _OutOfTime(_OverBudget):
     """The parse took more time than its cap (error recovery gone wild: each step slow)."""
 
 
-def bounded_parse(name: str, data: bytes, old: Any, budget: int, cap_s: float = 0.05) -> Any:
+def bounded_parse(name: str, data: bytes, old: Any, budget: int, cap_s: float = 0.05,
+                  cpu_s: float | None = None) -> Any:
     """``data`` parsed (reusing ``old``, an edited tree, when given); :class:`_OverBudget` after
-    ``budget`` progress reports, :class:`_OutOfTime` after ``cap_s`` seconds; the parser reset
-    then (else its next parse would resume this one)."""
+    ``budget`` progress reports or, ``cpu_s`` given, after that much CPU time of this thread
+    (:data:`CANDIDATE_CPU_S`), :class:`_OutOfTime` after ``cap_s`` seconds of wall time; the
+    parser reset then (else its next parse would resume this one)."""
     p = parser(name)
     left = [budget]
     deadline = time.perf_counter() + cap_s
+    cpu_deadline = time.thread_time() + cpu_s if cpu_s is not None else None
     why: list[type[_OverBudget]] = []
 
     def read(off: int, _point: Any) -> bytes:
@@ -330,7 +343,7 @@ def bounded_parse(name: str, data: bytes, old: Any, budget: int, cap_s: float = 
 
     def late(_off: int, _err: bool) -> bool:
         left[0] -= 1
-        if left[0] < 0:
+        if left[0] < 0 or (cpu_deadline is not None and time.thread_time() > cpu_deadline):
             why.append(_OverBudget)
         elif time.perf_counter() > deadline:
             why.append(_OutOfTime)
@@ -501,7 +514,7 @@ class TreeGuard:
                 # gets one re-parse of its segment as from scratch
                 if balanced(insert, self.lang):
                     try:
-                        if self._segment_ok(a, b, kind, loose, ins, rr, budget + 2 * (b - a) // 64):
+                        if self._segment_ok(a, b, kind, loose, ins, rr, budget + 2 * (b - a) // 64, None):
                             return True
                     except _OutOfTime:
                         return True
@@ -516,7 +529,7 @@ class TreeGuard:
         return self._whole_ok(ins, rr, budget)
 
     def _segment_ok(self, a: int, b: int, kind: str | None, loose: bool, ins: bytes, rr: int,
-                    budget: int) -> bool:
+                    budget: int, cpu_s: float | None = CANDIDATE_CPU_S) -> bool:
         """Whether the segment ``[a, b)`` with the edit parses with no error (as one node of type
         ``kind`` unless ``loose``): re-parsed incrementally from its remembered tree."""
         name = self.lang.name
@@ -526,7 +539,7 @@ class TreeGuard:
         new = wrap + self._edited(a, b, ins, rr) + b"\n"
         start = len(wrap) + self.bo - a
         t = edit_copy(base, start, _point(old, start), self.data[self.bo:self.bo + rr], ins)
-        tree = bounded_parse(name, new, t, budget)
+        tree = bounded_parse(name, new, t, budget, cpu_s=cpu_s)
         root = tree.root_node
         if root.has_error or strays(self.lang, root, new, _changed(t, tree, start, start + len(ins))):
             return False
@@ -546,7 +559,9 @@ class TreeGuard:
         new = self.data[:self.bo] + ins + self.data[self.bo + rr:]
         t = edit_copy(self.tree, self.bo, self.point, self.data[self.bo:self.bo + rr], ins)
         try:
-            tree = bounded_parse(self.lang.name, new, t, budget)
+            # a buffer with errors: the re-parse that shows the suggestion repairing them is
+            # its one chance (work budget only); a clean one: as a segment's
+            tree = bounded_parse(self.lang.name, new, t, budget, cpu_s=CANDIDATE_CPU_S if self.clean else None)
         except _OverBudget:
             return False
         root, end = tree.root_node, self.bo + len(ins)

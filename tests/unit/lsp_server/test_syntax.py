@@ -248,7 +248,7 @@ def test_typing_a_block_header_is_judged_without_parsing_the_whole_buffer(monkey
         for cand in (header[k:], header[k:] + "(", "x", ")"):
             assert g.keeps(cand) == g.keeps_whole(cand) is True, (k, cand)
     _rest_cut_ok.cache_clear()  # forget what the reference pass above parsed
-    syntax.parses_as_block.cache_clear()
+    syntax._span_parses.cache_clear()
     syntax._GOOD_RESTS.clear()
     sizes: list[int] = []
     real = syntax.parse_tree
