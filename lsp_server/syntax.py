@@ -55,6 +55,12 @@ from itertools import accumulate
 from . import treesitter
 
 MAX_CHARS = 300_000
+WIDE_MAX = 8_000
+"""Characters: the wider cut of an outer block (one sibling statement more on each side of a
+block that holds the cut that failed) larger than this and than four times that cut is not
+tried (an outer class: its parse per candidate would cost tens of ms); without a wider cut,
+the edited cut alone decides, with the block-opener rule. The cut's own siblings are always
+tried (a decorator the edit ends with belongs to the class after it, however large)."""
 PYTHON_IDS = ("python",)
 
 
@@ -141,8 +147,13 @@ def _opens_block_ok(text: str, offset: int, insert: str, replace_right: int, ind
     # the rest of the suggestion's line stays where it is; the body goes after that line
     nl = edited.find("\n", end)
     cut = len(edited) if nl < 0 else nl
+    if not _ENDS_BLOCK_HEADER.search(edited[line_start:cut]):
+        return False  # a line that opens a block ends with a colon (and maybe a comment)
     body = "\n" + lead + unit + "pass"
     return parses_as_block(edited[:cut] + body + edited[cut:], indent)
+
+
+_ENDS_BLOCK_HEADER = re.compile(r":[ \t]*(#.*)?$")
 
 
 # -- cutting the buffer around the cursor ---------------------------------------------------
@@ -278,7 +289,10 @@ class SyntaxGuard:
         """The judge for a language other than Python (None: Python, or no grammar: text rules)."""
         self.huge = len(text) > MAX_CHARS  # judged on the segment alone (module doc)
         self._segments: dict[tuple[bool, int | None], tuple[int, int, int] | None] = {}
-        self._wide: dict[int | None, tuple[int, int, int] | None] = {}
+        self._wide: dict[int | None, tuple[tuple[int, int, int] | None, bool]] = {}
+        """need -> (the wider cut, without the check of its rest; whether an outer block's was
+        left out for its size)"""
+        self._skipped = False
 
     def prepare(self) -> None:
         """The work of a request that no candidate changes, done now (it is done lazily by the
@@ -308,7 +322,9 @@ class SyntaxGuard:
             if _GOOD_RESTS.get((t[:a] + t[b:], i + 1)):
                 return True
             broken.append((a, b))
-        return bool(broken) and self._rest_ok(*broken[0])
+        # else the rest of each, innermost first (a class's only method leaves a bodiless
+        # class behind: its rest fails, the class's own holds); each remembered for the next keys
+        return any(self._rest_ok(a, b) for a, b in broken)
 
     @functools.cached_property
     def active(self) -> bool:
@@ -340,9 +356,12 @@ class SyntaxGuard:
         spans.append((L.top_level(cur), L.span_end(cur, 0), 0))
         return spans
 
-    def _cut(self, wide: bool, need: int | None, rest: bool = True) -> tuple[int, int, int] | None:
+    def _cut(self, wide: bool, need: int | None, rest: bool = True,
+             limit: tuple[int, int] | None = None) -> tuple[int, int, int] | None:
         """The first of the spans (``wide``: one sibling more each side) at a column ``<= need``
-        that parses as a block and, ``rest``, whose rest parses and was cut cleanly there."""
+        that parses as a block and, ``rest``, whose rest parses and was cut cleanly there;
+        ``limit = (col, chars)``: a span at a column below ``col`` (an outer block) only when
+        it is at most ``chars`` characters."""
         L, t = self._lines, self.text
         tried = set()
         for i, j, col in self._spans:
@@ -350,6 +369,9 @@ class SyntaxGuard:
                 continue
             if wide:
                 i, j = L.previous_sibling(i, col), L.next_sibling_end(j, col)
+            if limit is not None and col < limit[0] and L.offset_of(j) - L.offset_of(i) > limit[1]:
+                self._skipped = True
+                continue
             if (i, j) in tried:
                 continue
             tried.add((i, j))
@@ -395,23 +417,40 @@ class SyntaxGuard:
         if not self.applies or not insert:
             return True
         need = self.written_indent(insert, replace_right)
-        for wide in (False, True):
-            # the wide span's rest is parsed only when the wide span with the edit parses (a
-            # rest of its own, ~70 ms on 200 KB): when it does not, the edit is judged on it
-            if wide and need not in self._wide:
-                self._wide[need] = self._cut(True, need, rest=False)
-            seg = self._wide[need] if wide else self.segment(False, need)
-            if seg is None or self.offset + replace_right > seg[1]:
-                if self.typing_here:
-                    return True  # the buffer does not parse (mid-typing): nothing to protect
-                return self.keeps_whole(insert, replace_right)
-            a, b, col = seg
+        seg = self.segment(False, need)
+        if seg is None or self.offset + replace_right > seg[1]:
+            return self._no_cut(insert, replace_right)
+        a, b, col = seg
+        part, off = self.text[a:b], self.offset - a
+        if parses_as_block(apply(part, off, insert, replace_right), col):
+            return True
+        # one sibling statement more on each side (an edit can join its statement to a
+        # neighbour: a decorator, a backslash), an outer block's within WIDE_MAX; its rest is
+        # parsed only when it parses with the edit
+        if need not in self._wide:
+            self._skipped = False
+            self._wide[need] = (self._cut(True, need, rest=False, limit=(col, max(WIDE_MAX, 4 * (b - a)))),
+                                self._skipped)
+        wider, skipped = self._wide[need]
+        if wider is None and not skipped:
+            return self._no_cut(insert, replace_right)  # no wider cut at all: as without a cut
+        if wider is not None:
+            if self.offset + replace_right > wider[1]:
+                return self._no_cut(insert, replace_right)
+            a, b, col = wider
             part, off = self.text[a:b], self.offset - a
             if parses_as_block(apply(part, off, insert, replace_right), col):
-                if not wide or self.segment(True, need) == seg:
+                if self.segment(True, need) == wider:
                     return True
                 return self.keeps_whole(insert, replace_right)  # the wide cut is not clean
         return _opens_block_ok(part, off, insert, replace_right, col)
+
+    def _no_cut(self, insert: str, replace_right: int) -> bool:
+        """The verdict where no clean cut holds the edit: nothing withheld while the user is
+        typing there (:attr:`typing_here`), else the reference rule."""
+        if self.typing_here:
+            return True  # the buffer does not parse (mid-typing): nothing to protect
+        return self.keeps_whole(insert, replace_right)
 
     def keeps_whole(self, insert: str, replace_right: int = 0) -> bool:
         """The reference rule on the whole buffer (slow on large files; never run on a huge

@@ -269,3 +269,40 @@ def test_prepare_does_the_request_work_up_front_and_changes_no_verdict():
     ready.prepare()
     assert ready._segments  # the cut at the cursor's indentation is found
     assert [ready.keeps(c) for c in cands] == [lazy.keeps(c) for c in cands]
+
+
+def test_typing_in_the_only_method_of_a_class_is_found_from_the_class_cut():
+    """Cutting a class's only method out leaves a class with no body (that rest does not
+    parse); the class's own cut decides: the user is typing, nothing is withheld, as the
+    reference rule says."""
+    text = "import os\n\n\nclass One:\n    def only(self):\n        x = 1\n        \n            y = 2\n\n\ndef after():\n    return 1\n"
+    off = text.index("        \n            y") + 8
+    g = SyntaxGuard(text, off, language="python")
+    assert not parses(text) and g.segment(False, 8) is None
+    assert g.typing_here
+    for cand in ("if x:", "z = (", ")"):
+        assert g.keeps(cand) == g.keeps_whole(cand) is True
+
+
+def test_a_broken_candidate_in_a_large_class_is_not_judged_on_the_class(monkeypatch):
+    """A candidate that breaks its method is judged on the method (and its sibling methods),
+    not on the whole class around them once that is larger than WIDE_MAX and four times the
+    method: no parse of a large class per candidate; the verdict is the reference rule's."""
+    from diffill.lsp_server import syntax
+
+    methods = "".join(f"    def m{i}(self, x):\n        y = x + {i}\n        return y\n\n" for i in range(800))
+    text = "import os\n\n\nclass Big:\n" + methods + "\ndef after():\n    return 1\n"
+    assert len(text) > 4 * syntax.WIDE_MAX
+    off = text.index("        return y\n\n    def m200") + 8
+    g = SyntaxGuard(text, off, language="python")
+    g.prepare()
+    sizes: list[int] = []
+    real = syntax.parse_tree
+    monkeypatch.setattr(syntax, "parse_tree", lambda src: (sizes.append(len(src)), real(src))[1])
+    for cand in ("return y + (", "return y)", "return y\n    else:"):
+        sizes.clear()
+        assert g.keeps(cand) is False
+        assert max(sizes) < syntax.WIDE_MAX, (cand, sizes)
+    monkeypatch.setattr(syntax, "parse_tree", real)
+    for cand in ("return y + (", "return y)", "return y\n    else:", "return y + 1"):
+        assert g.keeps(cand) == g.keeps_whole(cand), cand
