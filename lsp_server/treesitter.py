@@ -32,8 +32,8 @@ become several). Every segment broken: dropped, unless
 No clean segment (the code around the cursor has errors already: mid-typing), nothing is
 filtered, as for Python. Every re-parse of a candidate is bounded in parser work
 (:data:`BUDGET`, the parser's progress reports) and in the CPU time of the judging thread
-(:data:`CANDIDATE_CPU_S`; not wall time, so that how busy the machine is does not change a
-verdict): an edit that makes the parser redo more than that after it (an unclosed bracket
+(:data:`CANDIDATE_CPU_S`; CPU time, not wall time, so that the machine being busy changes a
+verdict only through cache contention, on a candidate whose re-parse costs about the cap): an edit that makes the parser redo more than that after it (an unclosed bracket
 re-parses the rest of the segment, in error recovery) counts as broken, unless the suggestion
 is balanced (closes every bracket and string it opens, :func:`.languages.balanced`): then its
 segment is re-parsed once more with the work budget of a parse from scratch and no CPU cap (an
