@@ -322,6 +322,10 @@ class _OverBudget(Exception):
     """The parse took more parser work than its budget."""
 
 
+class _OverCPU(_OverBudget):
+    """The parse took more CPU time than its cap (:data:`CANDIDATE_CPU_S`)."""
+
+
 class _OutOfTime(_OverBudget):
     """The parse took more time than its cap (error recovery gone wild: each step slow)."""
 
@@ -343,8 +347,10 @@ def bounded_parse(name: str, data: bytes, old: Any, budget: int, cap_s: float = 
 
     def late(_off: int, _err: bool) -> bool:
         left[0] -= 1
-        if left[0] < 0 or (cpu_deadline is not None and time.thread_time() > cpu_deadline):
+        if left[0] < 0:
             why.append(_OverBudget)
+        elif cpu_deadline is not None and time.thread_time() > cpu_deadline:
+            why.append(_OverCPU)
         elif time.perf_counter() > deadline:
             why.append(_OutOfTime)
         return bool(why)
@@ -502,13 +508,15 @@ class TreeGuard:
         if not segs:
             return True  # the code around the cursor has errors already (mid-typing): no baseline
         budget = BUDGET + len(ins) // 64
+        stuck = False
         for a, b, kind, loose in segs:
             try:
                 if self._segment_ok(a, b, kind, loose, ins, rr, budget):
                     return True
             except _OutOfTime:
                 return True  # the parser is stuck in error recovery: no verdict, nothing withheld
-            except _OverBudget:
+            except _OverBudget as e:
+                stuck = isinstance(e, _OverCPU)
                 # the edit makes the parser redo the code after it: an unclosed bracket, or a
                 # balanced edit inside a long literal (a table of thousands of numbers), which
                 # gets one re-parse of its segment as from scratch
@@ -526,6 +534,10 @@ class TreeGuard:
         if self._opens_block_ok(insert, lambda extra: _judge(
                 self.lang.name, self._edited(a, b, ins + extra, rr), kind, self.bo - a), replace_right):
             return True
+        if stuck and self.clean and not balanced(insert, self.lang):
+            # a bracket or string left open sent its segment's re-parse into error recovery past
+            # the CPU cap: the whole buffer's, from the same edit, would go the same way
+            return False
         return self._whole_ok(ins, rr, budget)
 
     def _segment_ok(self, a: int, b: int, kind: str | None, loose: bool, ins: bytes, rr: int,
