@@ -4,48 +4,10 @@
 --     completion = { row, col },        -- 0-based row, byte col to insert at
 --     ghost = { row, col, type } }      -- insert position, then `type` is typed
 -- Writes a JSON result; every check is made by the pytest side. Exit 0 = the run completed.
---
--- Typeahead (feedkeys) runs only when control returns to the main loop, so the steps are chained
--- with vim.defer_fn polls, never vim.wait, whenever Insert mode is involved.
-local cfg = vim.json.decode(table.concat(vim.fn.readfile(os.getenv('DIFFILL_E2E_CONFIG')), '\n'))
-local R = { nvim = tostring(vim.version()), steps = {} }
-local t0 = vim.uv.hrtime()
-local function ms()
-  return math.floor((vim.uv.hrtime() - t0) / 1e6)
-end
-
-local function finish(ok, err)
-  R.ok, R.error, R.total_ms = ok, err, ms()
-  vim.fn.writefile({ vim.json.encode(R) }, cfg.result)
-  vim.cmd(ok and 'qa!' or 'cq!')
-end
-vim.defer_fn(function()
-  finish(false, 'watchdog timeout')
-end, cfg.timeout_ms or 90000)
-
---- Call k(v) once cond() returns a truthy v; on timeout fail, with explain() appended if given.
-local function poll(what, cond, k, timeout, explain)
-  local deadline = ms() + (timeout or 30000)
-  local function tick()
-    local ok, v = pcall(cond)
-    if not ok then
-      return finish(false, what .. ': ' .. tostring(v))
-    end
-    if v then
-      local ok2, e = pcall(k, v)
-      if not ok2 then
-        finish(false, what .. ' (continuation): ' .. tostring(e))
-      end
-      return
-    end
-    if ms() > deadline then
-      local why = explain and select(2, pcall(explain)) or nil
-      return finish(false, 'timeout waiting for ' .. what .. (why and (' (' .. tostring(why) .. ')') or ''))
-    end
-    vim.defer_fn(tick, 20)
-  end
-  tick()
-end
+-- The shared steps (config, result, poll): nvim_driver.lua.
+local D = dofile(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)) .. '/nvim_driver.lua')
+local cfg = D.init({ steps = {} }, 90000)
+local R, ms, finish, poll = D.R, D.ms, D.finish, D.poll
 
 vim.o.showmode = false
 vim.o.swapfile = false

@@ -14,59 +14,11 @@
 -- how many ghost extmarks the buffer holds right after the plugin handled the answer.
 -- Per case it records those answers, the LspRequest "complete" events, the buffer, and the
 -- ghost extmarks. The checks are made by the pytest side.
---
--- Typeahead (feedkeys) runs only when control returns to the main loop, so the steps are chained
--- with vim.defer_fn polls, never vim.wait.
-local cfg = vim.json.decode(table.concat(vim.fn.readfile(os.getenv('DIFFILL_E2E_CONFIG')), '\n'))
-local R = { nvim = tostring(vim.version()), cases = {}, steps = {} }
+-- The shared steps (config, result, poll, after): nvim_driver.lua.
+local D = dofile(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)) .. '/nvim_driver.lua')
+local cfg = D.init({ cases = {}, steps = {} }, 60000)
+local R, ms, finish, poll, after = D.R, D.ms, D.finish, D.poll, D.after
 local api = vim.api
-local t0 = vim.uv.hrtime()
-local function ms()
-  return math.floor((vim.uv.hrtime() - t0) / 1e6)
-end
-
-local function finish(ok, err)
-  R.ok, R.error, R.total_ms = ok, err, ms()
-  vim.fn.writefile({ vim.json.encode(R) }, cfg.result)
-  vim.cmd(ok and 'qa!' or 'cq!')
-end
-vim.defer_fn(function()
-  finish(false, 'watchdog timeout')
-end, cfg.timeout_ms or 60000)
-
---- Call k(v) once cond() returns a truthy v; on timeout fail, with explain() appended if given.
-local function poll(what, cond, k, timeout, explain)
-  local deadline = ms() + (timeout or 30000)
-  local function tick()
-    local ok, v = pcall(cond)
-    if not ok then
-      return finish(false, what .. ': ' .. tostring(v))
-    end
-    if v then
-      local ok2, e = pcall(k, v)
-      if not ok2 then
-        finish(false, what .. ' (continuation): ' .. tostring(e))
-      end
-      return
-    end
-    if ms() > deadline then
-      local why = explain and select(2, pcall(explain)) or nil
-      return finish(false, 'timeout waiting for ' .. what .. (why and (' (' .. tostring(why) .. ')') or ''))
-    end
-    vim.defer_fn(tick, 20)
-  end
-  tick()
-end
-
---- k() after `delay` ms, failures reported like poll's.
-local function after(delay, what, k)
-  vim.defer_fn(function()
-    local ok, e = pcall(k)
-    if not ok then
-      finish(false, what .. ': ' .. tostring(e))
-    end
-  end, delay)
-end
 
 vim.o.swapfile = false
 vim.o.hidden = true
