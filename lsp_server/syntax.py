@@ -282,7 +282,7 @@ class SyntaxGuard:
     back to :meth:`keeps_whole` when the buffer does not cut cleanly (module doc)."""
 
     def __init__(self, text: str, offset: int, *, language: str | None, path: str | None = None) -> None:
-        self.text, self.offset, self.path = text, offset, path
+        self.text, self.offset = text, offset
         self.applies = is_python(language, path)
         lang = None if self.applies else treesitter.language_for(language, path)
         self.tree_guard = None if lang is None else treesitter.TreeGuard(text, offset, lang, key=path)
@@ -306,9 +306,9 @@ class SyntaxGuard:
 
     @functools.cached_property
     def typing_here(self) -> bool:
-        """Whether the innermost cut around the cursor does not parse while the rest of the
-        buffer does and was cut cleanly there (the rest remembered across keystrokes): then
-        the buffer does not parse either, the user is typing, and nothing is withheld -- the
+        """Whether a cut around the cursor does not parse while the rest of the buffer does and
+        was cut cleanly there (the rest remembered across keystrokes): then the buffer does
+        not parse either, the user is typing, and nothing is withheld -- the
         reference rule's verdict, found without parsing the whole buffer (~70 ms on 200 KB)
         on every keystroke of a statement being typed. False on a huge buffer."""
         if not self.applies or self.huge or not self._spans:

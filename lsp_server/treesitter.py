@@ -516,11 +516,12 @@ class TreeGuard:
             except _OutOfTime:
                 return True  # the parser is stuck in error recovery: no verdict, nothing withheld
             except _OverBudget as e:
-                stuck = isinstance(e, _OverCPU)
+                even = balanced(insert, self.lang)
+                stuck = isinstance(e, _OverCPU) and not even
                 # the edit makes the parser redo the code after it: an unclosed bracket, or a
                 # balanced edit inside a long literal (a table of thousands of numbers), which
                 # gets one re-parse of its segment as from scratch
-                if balanced(insert, self.lang):
+                if even:
                     try:
                         if self._segment_ok(a, b, kind, loose, ins, rr, budget + 2 * (b - a) // 64, None):
                             return True
@@ -534,7 +535,7 @@ class TreeGuard:
         if self._opens_block_ok(insert, lambda extra: _judge(
                 self.lang.name, self._edited(a, b, ins + extra, rr), kind, self.bo - a), replace_right):
             return True
-        if stuck and self.clean and not balanced(insert, self.lang):
+        if stuck and self.clean:
             # a bracket or string left open sent its segment's re-parse into error recovery past
             # the CPU cap: the whole buffer's, from the same edit, would go the same way
             return False
