@@ -386,12 +386,28 @@ class StreamLineReader:
         return await self.reader.read(n)
 
 
+async def _patient(read: Callable[[int], Awaitable[bytes]], n: int) -> bytes:
+    """``read(n)``, waited out through a MemoryError. Under a memory limit (a container,
+    ``ulimit -v``) the read that fails is as likely to be the next message's as a model
+    load's; ending the read loop there would end the server. A buffered read that cannot
+    allocate its result consumes nothing, so the same read is tried again, at growing
+    intervals (at most 1 s apart), until memory is back."""
+    wait = 0.01
+    while True:
+        try:
+            return await read(n)
+        except MemoryError:
+            log.warning("out of memory reading from the client; trying again in %.2f s", wait)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 1.0)
+
+
 async def _read_exactly(reader: LineReader, n: int) -> bytes | None:
     """``n`` bytes (read in chunks), or None at end of input."""
     parts: list[bytes] = []
     left = n
     while left > 0:
-        chunk = await reader.read(min(left, CHUNK))
+        chunk = await _patient(reader.read, min(left, CHUNK))
         if not chunk:
             return None
         parts.append(chunk)
@@ -412,7 +428,7 @@ async def read_messages(
         bad: str | None = None
         seen_header = False
         while True:  # one header block
-            line = await reader.readline(MAX_HEADER_LINE)
+            line = await _patient(reader.readline, MAX_HEADER_LINE)
             if not line:
                 return
             if line.strip() == b"":

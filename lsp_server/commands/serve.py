@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import sys
@@ -88,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"diffill serve: {e}", file=sys.stderr)
             return 2
     setup_logging(args.log_file, args.debug_log_buffers, "debug" if args.debug else args.log_level)
+    # A crash in native code (an abort in a torch thread, a segfault) prints every
+    # thread's Python stack to stderr, where editors keep the server's output.
+    faulthandler.enable(sys.stderr, all_threads=True)
     server = create_server(defaults, debug_log_buffers=args.debug_log_buffers)
     if hostport is not None:
         server.start_tcp(*hostport)

@@ -62,6 +62,18 @@ class RawClient:
     def pid(self) -> int:
         return self.proc.pid
 
+    def _last_words(self, wait: float = 3.0) -> str:
+        """The exit code (waited for a moment) and the end of the server's stderr: what a
+        failing test needs to say why the server went away."""
+        try:
+            code = self.proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            code = None
+        tail = ""
+        if self.stderr_path is not None and Path(self.stderr_path).exists():
+            tail = Path(self.stderr_path).read_bytes()[-4000:].decode("utf-8", "replace")
+        return f"exit code {code}; stderr ends:\n{tail}" if tail else f"exit code {code}"
+
     # -- writing -------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
         try:
@@ -112,7 +124,7 @@ class RawClient:
                 return None
             chunk = os.read(fd, 1 << 20)
             if not chunk:
-                raise ServerGone(f"server closed stdout (exit code {self.proc.poll()})")
+                raise ServerGone(f"server closed stdout ({self._last_words()})")
             self.buf += chunk
 
     def next_message(self, timeout: float) -> dict[str, Any] | None:

@@ -144,3 +144,52 @@ def test_run_loop_does_not_wait_for_a_task_that_outlives_its_cancel():
     held["loop"].run_until_complete(held["task"])
     held["loop"].close()
     assert took < 5.0  # asyncio.run would wait for it forever
+
+
+class _ShortOfMemory(io.BufferedReader):
+    """A real buffered stdin whose first ``fails`` reads raise MemoryError, as a read can
+    under an address-space limit (the failing read consumes nothing)."""
+
+    def __init__(self, data: bytes, fails: int) -> None:
+        super().__init__(io.BytesIO(data))
+        self.fails = fails
+
+    def _maybe_fail(self) -> None:
+        if self.fails > 0:
+            self.fails -= 1
+            raise MemoryError
+
+    def readline(self, limit: int = -1) -> bytes:
+        self._maybe_fail()
+        return super().readline(limit)
+
+    def read(self, n: int = -1) -> bytes:
+        self._maybe_fail()
+        return super().read(n)
+
+
+def test_a_read_that_runs_out_of_memory_is_tried_again_and_loses_nothing(caplog):
+    """The read loop waits out a MemoryError on stdin instead of ending the server
+    (the CI failure of stop 34: the server closed its output under ``prlimit``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from diffill.lsp_server.jsonrpc import StdinReader, read_messages
+
+    def frame(obj: dict) -> bytes:
+        body = json.dumps(obj).encode()
+        return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    server = create_server()
+    out = io.BytesIO()
+    server.protocol.set_writer(StdoutWriter(out))
+    data = frame({"jsonrpc": "2.0", "id": 1, "method": "shutdown"}) + \
+        frame({"jsonrpc": "2.0", "id": 2, "method": "shutdown"})
+    stdin = _ShortOfMemory(data, fails=3)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        asyncio.run(asyncio.wait_for(
+            read_messages(StdinReader(stdin, pool), server.protocol, threading.Event()), 20))
+    assert stdin.fails == 0
+    assert [m["id"] for m in bodies(out.getvalue())] == [1, 2]  # both answered, nothing lost
+    recs = [r for r in caplog.records if r.name == LOGGER and "out of memory" in r.getMessage()]
+    assert len(recs) == 3
