@@ -81,7 +81,8 @@ class InfillEngine(Protocol):
     def infill(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int,
                candidates: int = 1, steps: int | None = None, budget_ms: float | None = None,
                temperature: float | None = None, seed: int | None = None,
-               cancel: CancelFn | None = None, drafts: Sequence[Sequence[int]] = ()) -> list[Infill]:
+               cancel: CancelFn | None = None, drafts: Sequence[Sequence[int]] = (),
+               context_key: str | None = None) -> list[Infill]:
         """Candidates best first (a candidate's ``draft`` indexes ``drafts``); raises
         ``InfillCancelled`` or ``ValueError``."""
         ...
@@ -148,7 +149,8 @@ class LocalBackend:
     ) -> list[Candidate]:
         """See :class:`Backend`; ``temperature`` > 0 samples (``seed`` makes it repeatable).
         The steps: ``steps``, else the engine's step plan for ``latency_budget_ms``.
-        ``drafts`` are tokenized here and verified by the engine in the same batch."""
+        ``drafts`` are tokenized here and verified by the engine in the same batch. The
+        document's path is the engine's ``context_key`` (its context kept for the next request)."""
         from ..model.sampler import InfillCancelled  # torch: loaded with the model
 
         check = self._wrap_cancel(cancel)
@@ -158,7 +160,8 @@ class LocalBackend:
             results = self.engine.infill(
                 ctx.prefix_ids, ctx.suffix_ids, max_tokens=max_tokens, candidates=n, steps=steps,
                 budget_ms=latency_budget_ms, temperature=float(temperature) if temperature > 0 else None,
-                seed=seed if temperature > 0 else None, cancel=check, drafts=draft_ids)
+                seed=seed if temperature > 0 else None, cancel=check, drafts=draft_ids,
+                context_key=ctx.path)
         except InfillCancelled as e:
             raise Cancelled(str(e)) from None
         except ValueError as e:

@@ -108,6 +108,9 @@ class FimContext:
     header_chars: int = 0
     language: str | None = None
     extra_paths: list[str] = field(default_factory=list)
+    #: the document's path (or URI) when the caller named it: the model side may keep its
+    #: context for the document's next request (:mod:`diffill.model.reuse`)
+    path: str | None = None
 
     @property
     def prefix_tokens(self) -> int:
@@ -405,4 +408,5 @@ def build_context(
         header_chars=len(header),
         language=language,
         extra_paths=used_paths,
+        path=path,
     )

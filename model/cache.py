@@ -255,6 +255,21 @@ class SharedContext(DualCache):
         self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
         self.n_valid = canvas.valid.sum(1)
         self.shared_rows = 0  # rows that took a shared context on the last refresh
+        #: after a refresh of a batch of one request: its representative row's canvas ids
+        #: [T], context positions [S], first block position and per-layer context (k, v)
+        #: [Hkv, S, Dh] (:mod:`diffill.model.reuse` keeps it for the document's next request)
+        self.last_context: tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                 list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+
+    def _context_forward(self, ids: torch.Tensor, attn: torch.Tensor | None, reps: torch.Tensor,
+                         ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The representatives' hidden states [R, T, D] and per-layer (k, v) [R, Hkv, T, Dh]
+        on a refresh: their whole canvases (:class:`diffill.model.reuse.ReusedContext`
+        computes them from a kept context instead). Only the context positions' k/v and
+        the block positions' hidden states are read."""
+        hr, kv = self.model.forward_hidden(ids[reps], None if attn is None else attn[reps],
+                                           return_kv=True)
+        return hr, kv
 
     def forward_hidden(self, ids: torch.Tensor, attn: torch.Tensor | None = None,
                        **_: Any) -> tuple[torch.Tensor, None]:
@@ -267,8 +282,7 @@ class SharedContext(DualCache):
         self.refreshes += 1
         L = ids.shape[0]
         reps = torch.unique(self.rep)  # sorted
-        hr, kv = self.model.forward_hidden(ids[reps], None if attn is None else attn[reps],
-                                           return_kv=True)
+        hr, kv = self._context_forward(ids, attn, reps)
         # each row's context: its representative's, keys moved to the row's own positions
         where = torch.empty(L, dtype=torch.long, device=ids.device)
         where[reps] = torch.arange(reps.numel(), device=ids.device)
@@ -286,6 +300,10 @@ class SharedContext(DualCache):
             self.kv.append((kc, vc))
         others = (self.rep != torch.arange(L, device=ids.device)).nonzero().flatten()
         self.shared_rows = int(others.numel())
+        if reps.numel() == 1:  # one request: what a later request of its document may reuse
+            r = int(reps[0])
+            self.last_context = (ids[r], self.ctx_pos[r], self.block_pos[r, 0],
+                                 [(k[r], v[r]) for k, v in self.kv])
         hidden = hr.new_zeros(L, ids.shape[1], hr.shape[-1])
         hidden[reps] = hr
         if others.numel():

@@ -75,7 +75,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .cache import DualCache, cached_steps, context_groups, shared_steps, supports_shared_context
+from .cache import (
+    DualCache,
+    SharedContext,
+    cached_steps,
+    context_groups,
+    shared_steps,
+    supports_shared_context,
+)
 from .dreamon import infill_dreamon, length_control_ids
 from .plan import (
     CTX_BUCKETS,
@@ -88,6 +95,7 @@ from .plan import (
     measure_plan,
     plan_from_one_request,
 )
+from .reuse import ContextStore, ReusedContext, ReusePolicy, context_parts, plan_reuse
 from .runtime import ensure_cpu_threads
 from .sampler import (
     Canvas,
@@ -133,6 +141,10 @@ def bucket_shape(L: int, T: int, N: int) -> tuple[int, int, int]:
 
 DEFAULT_CANDIDATES = 3
 
+REUSE_ENV = "DIFFILL_REUSE"
+"""``on`` / ``off``: what ``EngineOptions(reuse='auto')`` means in this process (unset: on
+where a request's context is shared)."""
+
 CONTEXT_ENV = "DIFFILL_CONTEXT"
 """``request`` / ``row``: what ``EngineOptions(context='auto')`` means in this process (for a
 side-by-side run of any command; unset: per request on a CPU)."""
@@ -175,6 +187,13 @@ class EngineOptions:
     #: prefix/suffix keys and values once per request ('request': cache.SharedContext) or
     #: once per canvas row ('row', exact); 'auto': per request on a CPU, per row elsewhere
     context: str = "auto"
+    #: keep each document's context for its next request ('auto': where the context is
+    #: shared, i.e. on a CPU, unless DIFFILL_REUSE=off; :mod:`diffill.model.reuse`), with
+    #: at most ``reuse_far`` context tokens recomputed and ``reuse_full_every`` reuses in a row
+    reuse: str = "auto"
+    reuse_far: int = 32
+    reuse_full_every: int = 8
+    reuse_documents: int = 4
 
     def __post_init__(self) -> None:
         if self.refresh_every < 1:
@@ -186,6 +205,10 @@ class EngineOptions:
         if self.context not in ("auto", "request", "row"):
             raise ValueError(f"EngineOptions.context must be 'auto', 'request' or 'row', "
                              f"got {self.context!r}")
+        if self.reuse not in ("auto", "on", "off"):
+            raise ValueError(f"EngineOptions.reuse must be 'auto', 'on' or 'off', got {self.reuse!r}")
+        if min(self.reuse_far, self.reuse_full_every, self.reuse_documents) < 0:
+            raise ValueError("EngineOptions.reuse_far / reuse_full_every / reuse_documents must be >= 0")
         if self.select_impl not in (None, "auto", "triton", "torch"):
             raise ValueError(f"EngineOptions.select_impl must be None, 'auto', 'triton' or 'torch', "
                              f"got {self.select_impl!r}")
@@ -230,6 +253,8 @@ class Engine:
         self._batches = 0
         self._max_batch = 0
         self._graphs: dict[tuple[Any, ...], _StepGraphs] = {}
+        o = self.options
+        self._contexts = ContextStore(o.reuse_documents, ReusePolicy(o.reuse_far, o.reuse_full_every))
         self._graph_pool: Any = None
         ensure_cpu_threads(getattr(lm, "device", None))  # diffill's CPU thread default, unless configured
         model = self.model
@@ -270,6 +295,18 @@ class Engine:
             if c not in ("request", "row"):
                 raise ValueError(f"{CONTEXT_ENV}={c!r}: expected 'request' or 'row'")
         return c == "request" and supports_shared_context(self.model)
+
+    @property
+    def reuse_context(self) -> bool:
+        """Whether a request with a ``context_key`` may start from its document's kept
+        context (EngineOptions.reuse; 'auto' is ``DIFFILL_REUSE`` when set, else on where
+        the context is shared)."""
+        r = self.options.reuse
+        if r == "auto":
+            r = os.environ.get(REUSE_ENV, "").strip() or "on"
+            if r not in ("on", "off"):
+                raise ValueError(f"{REUSE_ENV}={r!r}: expected 'on' or 'off'")
+        return r == "on" and self.shared_context and not self.options.cuda_graphs
 
     @property
     def dtype(self) -> torch.dtype:
@@ -354,6 +391,7 @@ class Engine:
         seed: int | None = None,
         cancel: Callable[[], bool] | None = None,
         drafts: Sequence[Sequence[int]] = (),
+        context_key: str | None = None,
     ) -> InfillRequest:
         """Validate and resolve defaults; raises ValueError for a bad request.
 
@@ -398,7 +436,7 @@ class Engine:
                 changes["threshold"] = threshold
         sc = dataclasses.replace(self.sampler, **changes)
         req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel, kept,
-                            max(1, candidates))
+                            max(1, candidates), context_key)
         check_request(cfg, req)
         return req
 
@@ -445,6 +483,7 @@ class Engine:
         seed: int | None = None,
         cancel: Callable[[], bool] | None = None,
         drafts: Sequence[Sequence[int]] = (),
+        context_key: str | None = None,
     ) -> list[Infill]:
         """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
         ``drafts``: candidate middles to verify (:meth:`make_request`); a candidate's
@@ -452,7 +491,8 @@ class Engine:
 
         ``lengths`` (candidate hole lengths) overrides the ones derived from
         ``max_tokens`` and ``candidates``; ``steps`` overrides the step plan's choice for
-        ``budget_ms`` (and the sampler's default). See :meth:`make_request`.
+        ``budget_ms`` (and the sampler's default). ``context_key`` names the document, whose
+        kept context the request may start from (:attr:`reuse_context`). See :meth:`make_request`.
 
         Raises ValueError (bad request, canvas too long) or
         :class:`~diffill.model.sampler.InfillCancelled`.
@@ -460,7 +500,7 @@ class Engine:
         req = self.make_request(
             prefix_ids, suffix_ids, max_tokens=max_tokens, lengths=lengths, candidates=candidates,
             steps=steps, budget_ms=budget_ms, temperature=temperature, seed=seed, cancel=cancel,
-            drafts=drafts,
+            drafts=drafts, context_key=context_key,
         )
         res = self.submit(req)
         if req.drafts:  # index the drafts as given
@@ -605,6 +645,7 @@ class Engine:
         draft = draft_tensor(rows, batch, cv.hole_pos.shape[1], dev)
         state = initial_state(cv)
         stepper: Stepper
+        kept_by: tuple[SharedContext, Stepper, bool] | None = None
         if use_graphs:
             stepper = self._graphs_for(cv, spec)
             stepper.load(cv, state)
@@ -614,7 +655,11 @@ class Engine:
                 # mask-free kernels (one host check before the loop)
                 cv = cv._replace(attn=None)
             groups = context_groups(cv) if self.shared_context else None
-            if groups is not None and bool((groups != torch.arange(len(groups), device=dev)).any()):
+            key = batch[0].context_key if len(batch) == 1 and self.reuse_context else None
+            if key is not None and groups is not None:
+                kept_by = self._reusing_steps(key, cv, spec, groups)
+                stepper = kept_by[1]
+            elif groups is not None and bool((groups != torch.arange(len(groups), device=dev)).any()):
                 stepper = shared_steps(self.model, cv, spec, refresh_every=opts.refresh_every,
                                        groups=groups)
             elif opts.refresh_every > 1:
@@ -623,7 +668,33 @@ class Engine:
                 stepper = EagerSteps(self.model, spec)
         out = run_steps(stepper, cv, state, rows, spec, [r.cancel for r in batch],
                         vocab_size=cfg.vocab_size, draft=draft, wanted=[r.wanted for r in batch])
+        if kept_by is not None:
+            cache, _, reused = kept_by
+            self._contexts.put(batch[0].context_key, cache, reused=reused)
         return collect(out, len(batch), spec.terminators)
+
+    def _reusing_steps(self, key: str, cv: Canvas, spec: StepSpec, groups: torch.Tensor,
+                       ) -> tuple[SharedContext, Stepper, bool]:
+        """The stepper of a lone request of document ``key``: from the document's kept
+        context where the policy allows (:func:`~diffill.model.reuse.plan_reuse`), else one
+        context per request as usual, kept for the next request. Returns (the cache, the
+        stepper, whether the context was reused)."""
+        store = self._contexts
+        cache: SharedContext = SharedContext(self.model, cv, shift=spec.shift,
+                                             refresh_every=self.options.refresh_every, groups=groups)
+        kept = store.get(key)
+        plan = None
+        if kept is not None:
+            r = int(cache.rep[0])
+            prefix, suffix, at = context_parts(cv.ids[r], cache.ctx_pos[r], int(cache.block_pos[r, 0]))
+            plan = plan_reuse(kept, prefix, suffix, at, store.policy, cv.ids.device)
+        if plan is not None:
+            cache = ReusedContext(self.model, cv, shift=spec.shift, kept=kept, plan=plan, groups=groups)
+            store.reused += 1
+            store.recomputed_tokens += int(plan.recomputed.numel())
+        else:
+            store.computed += 1
+        return cache, EagerSteps(cache, spec, on_drop=cache.select_rows), plan is not None
 
     def _graphs_for(self, cv: Canvas, spec: StepSpec) -> _StepGraphs:
         L, T = cv.ids.shape
@@ -668,6 +739,7 @@ class Engine:
                 "batches": self._batches,
                 "max_batch_requests": self._max_batch,
                 "cuda_graphs": len(self._graphs),
+                **self._contexts.stats(),
                 "last_latency_s": lat[-1] if lat else None,
                 "recent_latencies_s": lat,
                 "mean_latency_s": sum(lat) / len(lat) if lat else None,

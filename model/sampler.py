@@ -693,7 +693,8 @@ class InfillRequest:
     """One request as the decode loop (and the engine's batching) sees it. ``drafts``:
     candidate middles (token ids, no terminator) to verify (module doc, *Drafts*); each
     takes one more row of the longest candidate length. ``wanted``: the request is finished
-    after the verification step once that many of its drafts are verified."""
+    after the verification step once that many of its drafts are verified. ``context_key``:
+    see the field."""
 
     prefix_ids: list[int]
     suffix_ids: list[int]
@@ -701,6 +702,9 @@ class InfillRequest:
     cancel: Callable[[], bool] | None = None
     drafts: tuple[tuple[int, ...], ...] = ()
     wanted: int = 1
+    #: the document the request completes in (opaque): the engine may start from the
+    #: context it kept from that document's last request (:mod:`diffill.model.reuse`)
+    context_key: str | None = None
 
     def row_lengths(self) -> list[int]:
         """The hole length of each of the request's rows: the candidate lengths, then one

@@ -3,6 +3,8 @@ the step count's independence from load with a real tiny engine."""
 
 from __future__ import annotations
 
+import dataclasses
+
 # -- LocalBackend over an InfillEngine (fake engine: control flow only) ------------------------
 
 class _FakeTok:
@@ -28,12 +30,14 @@ class _FakeEngine:
         self.warmed = 0
 
     def infill(self, prefix_ids, suffix_ids, *, max_tokens, candidates=1, steps=None,
-               budget_ms=None, temperature=None, seed=None, cancel=None, drafts=()):
+               budget_ms=None, temperature=None, seed=None, cancel=None, drafts=(),
+               context_key=None):
         from diffill.model.sampler import Infill
 
         self.calls.append({"max_tokens": max_tokens, "candidates": candidates, "steps": steps,
                            "budget_ms": budget_ms, "temperature": temperature, "seed": seed,
-                           **({"drafts": drafts} if drafts else {})})
+                           **({"drafts": drafts} if drafts else {}),
+                           **({"context_key": context_key} if context_key else {})})
         return [Infill(ids=[ord("x")], length=max_tokens, score=0.0, steps=steps or 4)]
 
     def warmup(self):
@@ -66,10 +70,13 @@ def test_local_backend_leaves_steps_to_the_engine():
     assert (eng.calls[-1]["temperature"], eng.calls[-1]["seed"]) == (0.5, 7)
     b.infill(_ctx(), n=1, max_tokens=16, temperature=0.0, seed=7)  # greedy: no seed needed
     assert (eng.calls[-1]["temperature"], eng.calls[-1]["seed"]) == (None, None)
+    # the document's path names the context the engine may keep for its next request
+    b.infill(dataclasses.replace(_ctx(), path="/w/a.py"), n=1, max_tokens=16)
+    assert eng.calls[-1]["context_key"] == "/w/a.py"
     b.warmup()
     assert eng.warmed == 1
     assert b.describe() == {"backend": "local", "model": "fake", "device": "cpu",
-                            "latency_budget_ms": 200.0, "model_calls": 4}
+                            "latency_budget_ms": 200.0, "model_calls": 5}
     assert b.max_context_tokens(32) == 512 - 32 - 2
 
 
