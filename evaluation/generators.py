@@ -84,8 +84,14 @@ class CompleterGenerator:
         syntax_check: bool = True,
         drafts: bool = False,
         options: dict[str, Any] | None = None,
+        keystroke: int = 0,
     ) -> None:
         self.name = name
+        #: > 0: each completion is asked as the next keystroke -- first the same request with
+        #: the ``keystroke`` characters before the cursor not yet typed (its answer thrown
+        #: away), then the real one, both under one document path, as an editor asks
+        #: (what a model side that keeps the document's context, model/reuse.py, then reuses)
+        self.keystroke = keystroke
         self.options = dict(options or {})  # more completion options (Python names)
         self.backend = backend
         self.steps = steps
@@ -117,7 +123,7 @@ class CompleterGenerator:
             "steps": self.steps, "line_tokens": o.max_tokens,
             "span_tokens": self._multi.options.max_tokens, "context_tokens": o.context_tokens,
             "name": self.name, "language": self.language, "syntax_check": self.syntax_check,
-            "drafts": self.drafts, "options": self.options}
+            "drafts": self.drafts, "options": self.options, "keystroke": self.keystroke}
         return CompleterGenerator(self.backend, **{**kw, **changes})
 
     def with_options(self, name: str, **options: Any) -> CompleterGenerator:
@@ -130,6 +136,11 @@ class CompleterGenerator:
         the draft sources) as the server gathers them (:mod:`diffill.lsp_server.gather`)."""
         c = self._multi if multiline else self._single
         calls = getattr(self.backend, "model_calls", None)
+        k = min(self.keystroke, offset)
+        if k > 0:
+            path = path or "task.py"
+            c.run(text[:offset - k] + text[offset:], offset - k, n=1, multiline=multiline,
+                  language=self.language, path=path, snippets=snippets, workspace=workspace)
         res = c.run(text, offset, n=1, multiline=multiline, language=self.language, path=path,
                     snippets=snippets, workspace=workspace)
         top = res.suggestions[0] if res.suggestions else None
@@ -147,6 +158,8 @@ class CompleterGenerator:
         d: dict[str, Any] = {"kind": "model via Completer", "steps": self.steps,
                              "language": self.language, "syntax_check": self.syntax_check,
                              "drafts": self.drafts}
+        if self.keystroke:
+            d["keystroke"] = self.keystroke
         sampler = getattr(getattr(self.backend, "engine", None), "sampler", None)
         if sampler is not None:
             d["block"] = sampler.block
@@ -171,12 +184,13 @@ def load_model_generator(
     syntax_check: bool = True,
     recipe: str | None = None,
     draft_ratio: float | None = None,
+    keystroke: int = 0,
 ) -> CompleterGenerator:
     """Load a checkpoint (None: the shipped default) once and wrap it for evaluation (the
     model alone; :meth:`CompleterGenerator.with_drafts` shares it with drafts on).
     ``block``: the sampler's semi-autoregressive block (``"model"``: the checkpoint's
     ``decode_block``; None: any-order decoding). ``draft_ratio``: the verification bar
-    instead of the checkpoint's."""
+    instead of the checkpoint's. ``keystroke``: :class:`CompleterGenerator`'s."""
     backend = load_local_backend(model_path, device, max_steps=max(steps or 16, 16), recipe=recipe)
     eng = backend.engine
     if block != "model":
@@ -190,4 +204,5 @@ def load_model_generator(
         span_tokens=span_tokens,
         context_tokens=context_tokens,
         syntax_check=syntax_check,
+        keystroke=keystroke,
     )

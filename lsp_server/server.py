@@ -550,6 +550,9 @@ class DiffillServer(LanguageServer):
             "error": self.load_error,
             "model_calls": desc.get("model_calls"),
             "engine_cancelled": desc.get("engine_cancelled"),
+            # requests that started from their document's kept context / computed it in full
+            "context_reused": desc.get("context_reused"),
+            "context_computed": desc.get("context_computed"),
             "position_encoding": _encoding_name(self.workspace.position_encoding),
             "last_context": self.last_context,
             "rejected_messages": {str(k): v for k, v in getattr(self.protocol, "rejected", {}).items()},

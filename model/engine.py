@@ -725,6 +725,8 @@ class Engine:
             **self.budget.summary(),
             **{f"engine_{k}": es[k] for k in ("requests", "completed", "cancelled", "batches",
                                                "max_batch_requests")},
+            "context_reuse": self.reuse_context,
+            **{k: es[k] for k in ("context_reused", "context_computed")},
         }
 
     def stats(self) -> dict[str, Any]:

@@ -125,6 +125,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=32, help="token budget of a single-line completion")
     p.add_argument("--span-tokens", type=int, default=96, help="token budget of a multi-line completion")
     p.add_argument("--context-tokens", type=int, default=1024, help="prefix + suffix token budget")
+    p.add_argument("--keystroke", type=int, default=0, metavar="K",
+                   help="ask each completion as the next keystroke: first with the K characters "
+                        "before the cursor not yet typed, then the real request, one document "
+                        "(measures the context kept across requests; DIFFILL_REUSE=off for the "
+                        "exact path; default 0: one request)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: when stderr is a terminal)")
     return p
@@ -203,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
                 syntax_check=args.syntax_check,
                 recipe=args.recipe,
                 draft_ratio=args.draft_ratio,
+                keystroke=max(0, args.keystroke),
             )
         except (OSError, ValueError) as e:
             print(f"diffill eval: cannot load the model: {e}", file=sys.stderr)

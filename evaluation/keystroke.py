@@ -1,0 +1,130 @@
+"""The next keystroke through ``diffill serve``, end to end: what a user waits for while typing.
+
+:func:`bench_keystrokes` starts ``diffill serve`` on stdio (the model given, its defaults),
+opens a document, asks for a completion at a cursor (the cold request), then types the
+given characters one at a time (``textDocument/didChange``, an incremental edit at the
+cursor) and asks for a completion after each -- as an editor asks on every keystroke.
+Per request: the wall time from request to answer, and the server's own counters after the
+run (``diffill/status``: how many requests reused their document's context,
+:mod:`diffill.model.reuse`). ``env`` passes e.g. ``DIFFILL_REUSE=off`` for the exact path,
+so the two run side by side (:func:`compare_reuse`).
+
+Typed characters that continue a shown suggestion are answered from the server's
+typed-ahead cache without the model; with random weights (the shape checkpoints of the
+benchmarks) the typed characters never do, so every request here reaches the model
+(``model_requests`` says so).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+COLD, KEY = "cold_ms", "keystroke_ms"
+
+
+def bench_keystrokes(model: str, text: str, row: int, col: int, typed: str, *,
+                     env: dict[str, str] | None = None, device: str = "cpu",
+                     load_timeout: float = 900.0, log=print) -> dict[str, Any]:
+    """One server, one document: a completion at (row, col), then one after each character
+    of ``typed`` is inserted at the cursor. Returns the times (ms), the server's ready time
+    (start to ``diffill/status`` loaded) and its counters."""
+    from .commands.bench import StdioClient
+
+    argv = [sys.executable, "-m", "diffill.cli", "serve", "--model", model, "--device", device]
+    t_start = time.monotonic()
+    client = StdioClient(argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    try:
+        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
+                                      "capabilities": {"general": {"positionEncodings": ["utf-16"]}}})
+        client.notify("initialized", {})
+        status: dict[str, Any] = {}
+        while time.monotonic() - t_start < load_timeout:
+            status = client.request("diffill/status", None) or {}
+            if status.get("loaded") or status.get("error"):
+                break
+            time.sleep(0.1)
+        if not status.get("loaded"):
+            raise RuntimeError(f"server did not load the model: {status.get('error')}")
+        ready_s = time.monotonic() - t_start
+        uri = "file:///bench/keystrokes.py"
+        client.notify("textDocument/didOpen", {"textDocument": {
+            "uri": uri, "languageId": "python", "version": 1, "text": text}})
+
+        def ask(c: int) -> float:
+            t = time.perf_counter()
+            client.request("textDocument/completion", {"textDocument": {"uri": uri},
+                                                       "position": {"line": row, "character": c}},
+                           timeout=load_timeout)
+            return (time.perf_counter() - t) * 1e3
+
+        cold = ask(col)
+        keys: list[float] = []
+        for i, ch in enumerate(typed):
+            at = {"line": row, "character": col + i}
+            client.notify("textDocument/didChange", {
+                "textDocument": {"uri": uri, "version": i + 2},
+                "contentChanges": [{"range": {"start": at, "end": at}, "text": ch}]})
+            keys.append(ask(col + i + 1))
+        status = client.request("diffill/status", None) or {}
+    finally:
+        client.close()
+    log(f"ready {ready_s:.1f} s, cold {cold:.0f} ms, keystrokes "
+        + " ".join(f"{k:.0f}" for k in keys) + " ms")
+    return {"ready_s": round(ready_s, 2), COLD: round(cold, 1), KEY: [round(k, 1) for k in keys],
+            "keystroke_p50_ms": round(statistics.median(keys), 1) if keys else None,
+            "model_requests": status.get("model_requests"),
+            "context_reused": status.get("context_reused"),
+            "context_computed": status.get("context_computed")}
+
+
+def compare_reuse(model: str, text: str, row: int, col: int, typed: str, *, repeats: int = 1,
+                  log=print) -> dict[str, Any]:
+    """:func:`bench_keystrokes` with the context kept across requests (the default) and
+    without (``DIFFILL_REUSE=off``), interleaved ``repeats`` times; p50 of each and the ratio."""
+    runs: dict[str, list[dict[str, Any]]] = {"reuse": [], "exact": []}
+    for _ in range(repeats):
+        for name, env in (("exact", {"DIFFILL_REUSE": "off"}), ("reuse", {})):
+            log(f"-- {name}")
+            runs[name].append(bench_keystrokes(model, text, row, col, typed, env=env, log=log))
+    out: dict[str, Any] = {"runs": runs}
+    for name, rs in runs.items():
+        out[name] = {"cold_p50_ms": statistics.median(r[COLD] for r in rs),
+                     "keystroke_p50_ms": statistics.median(k for r in rs for k in r[KEY]),
+                     "ready_p50_s": statistics.median(r["ready_s"] for r in rs)}
+    out["keystroke_ratio"] = round(out["exact"]["keystroke_p50_ms"] / out["reuse"]["keystroke_p50_ms"], 2)
+    return out
+
+
+def main() -> None:
+    """``python -m diffill.evaluation.keystroke MODEL``: the standard library's ``shlex.py``
+    (its first 72 lines), the cursor at the start of the statement of line 41 after the
+    indentation, the statement's first 5 characters typed; exact vs reused, side by side."""
+    import argparse
+    import inspect
+    import json
+    import shlex
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("model")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    lines = inspect.getsource(shlex).splitlines(keepends=True)[:72]
+    row = 40
+    line = lines[row]
+    indent = line[: len(line) - len(line.lstrip())]
+    typed = line.strip()[:5]
+    text = "".join(lines[:row]) + indent + "\n" + "".join(lines[row + 1:])
+    res = compare_reuse(args.model, text, row, len(indent), typed, repeats=args.repeats)
+    print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
