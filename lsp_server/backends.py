@@ -27,6 +27,8 @@ Never set it in normal use.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 import time
@@ -40,6 +42,14 @@ from .remote import load_remote_backend
 if TYPE_CHECKING:  # the model side imports torch; only the types are needed here
     from ..model.config import ModelConfig
     from ..model.sampler import Infill
+
+log = logging.getLogger("diffill.backends")
+
+QUICK_PLAN_MS = 50.0
+"""A CPU model whose tiny warm-up request takes longer is planned in the background
+(:meth:`LocalBackend.warmup`); the shipped model's takes ~10 ms, the 0.5B shape's ~0.3 s."""
+TINY_CONTEXT, TINY_HOLE = 16, 8  # the warm-up request: canvas context tokens, hole slots
+PLAN_ROWS = 3  # the rows measure_plan (and so Engine.measure_plan) plans for
 
 DEBUG_DELAY_ENV = "DIFFILL_DEBUG_STEP_DELAY_MS"
 DEBUG_FAULT_ENV = "DIFFILL_DEBUG_FAULT"
@@ -117,6 +127,7 @@ class LocalBackend:
         fault = debug_fault()
         self._fault, self._faults_left = fault if fault is not None else (None, 0)
         self._fault_lock = threading.Lock()
+        self.plan_thread: threading.Thread | None = None  # the background step plan (warmup)
 
     # -- protocol --------------------------------------------------------------------------
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -178,8 +189,78 @@ class LocalBackend:
 
     def warmup(self) -> None:
         """The engine's warm-up: first-call overheads, then the step plan (every shape
-        bucket on CUDA; two buckets and a fitted cost model on a CPU, to stay quick)."""
-        self.engine.warmup()
+        bucket on CUDA; two buckets and a fitted cost model on a CPU, to stay quick).
+
+        On a CPU one tiny request (steps=1) runs first and pays the first-call costs. When it
+        took more than :data:`QUICK_PLAN_MS` (a model whose plan takes a minute or more to
+        measure there: the 0.5B shape's largest bucket alone is a step of seconds), the plan
+        is measured on a background thread and the server is ready now: requests meanwhile
+        follow :func:`~diffill.model.plan.provisional_plan` from that request's time, which
+        never allows more steps than fit (its timings say ``provisional``; ``diffill/status``
+        shows ``step_plan.provisional``). A faster model is planned here, as before."""
+        eng = self.engine
+        if not _plans_in_background(eng):
+            eng.warmup()
+            return
+        ms, tokens, rows = self._tiny_request()
+        if ms <= QUICK_PLAN_MS:
+            eng.warmup()
+            return
+        from ..model.plan import NoBucketFits, provisional_plan  # torch: loaded with the model
+
+        try:
+            eng.plan = provisional_plan(
+                ms, tokens, eng.budget.budget_ms(), rows=PLAN_ROWS, shared_context=eng.shared_context,
+                limit=eng.config.max_position_embeddings, refresh_every=eng.options.refresh_every,
+                max_steps=eng.budget.max_steps, device=str(eng.device),
+                dtype=str(eng.dtype).removeprefix("torch."), model=str(getattr(eng.lm, "path", "")))
+        except NoBucketFits:
+            eng.warmup()  # logs that there is no plan; nothing to measure in the background
+            return
+        log.info("tiny request %.0f ms (%d tokens x %d rows): provisional step plan; the plan is "
+                 "measured in the background", ms, tokens, rows)
+        self.plan_thread = threading.Thread(target=self._measure_plan, name="diffill-step-plan",
+                                            daemon=True)
+        self.plan_thread.start()
+
+    def _tiny_request(self) -> tuple[float, int, int]:
+        """One request of a few tokens with one step, timed: (ms, step tokens, rows)."""
+        from ..model.plan import step_tokens, synthetic_request  # torch: loaded with the model
+        from ..model.sampler import canvas_length  # torch: as above
+
+        eng = self.engine
+        prefix, suffix = synthetic_request(eng.config, TINY_CONTEXT)
+        req = eng.make_request(prefix, suffix, max_tokens=TINY_HOLE, candidates=1, steps=1)
+        hole, rows = max(req.sampler.lengths), len(req.sampler.lengths)
+        ctx = canvas_length(eng.config, len(prefix), len(suffix), hole) - hole
+        t0 = time.perf_counter()
+        eng.infill(prefix, suffix, max_tokens=TINY_HOLE, candidates=1, steps=1)
+        ms = (time.perf_counter() - t0) * 1000.0
+        return ms, step_tokens(rows, ctx, hole, eng.shared_context), rows
+
+    def _measure_plan(self) -> None:
+        """The background plan (:meth:`warmup`): what ``Engine.measure_plan`` measures on a
+        CPU, without the engine's lock, so requests run meanwhile (a model's forward holds no
+        state). The thread runs at a lower priority (nice +10 on Linux): a request's steps
+        come first, and the plan measured under them errs slow (fewer steps), never fast."""
+        from ..model.plan import measure_plan  # torch: loaded with the model
+
+        eng = self.engine
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        t0 = time.perf_counter()
+        try:
+            plan = measure_plan(
+                eng.model, eng.config, budget_ms=eng.budget.budget_ms(), fit=True, rows=PLAN_ROWS,
+                refresh_every=eng.options.refresh_every, repeats=2, max_steps=eng.budget.max_steps,
+                statistic=min, model_name=str(getattr(eng.lm, "path", "")),
+                shared_context=eng.shared_context)
+        except Exception as e:  # the provisional plan stays
+            log.warning("background step plan failed (%s: %s); the provisional plan stays",
+                        type(e).__name__, e)
+            return
+        eng.plan = plan
+        log.info("step plan measured in the background in %.1f s", time.perf_counter() - t0)
 
     def warmup_on(self, ctx: FimContext, *, n: int, max_tokens: int) -> float:
         """A one-shot caller's warm-up (``diffill complete``): one step timed on this
@@ -210,6 +291,16 @@ class LocalBackend:
             return bool(cancel and cancel())
 
         return check
+
+
+def _plans_in_background(engine: Any) -> bool:
+    """Whether :meth:`LocalBackend.warmup` may plan ``engine`` in the background: a real
+    :class:`~diffill.model.engine.Engine` on a CPU (test fakes and CUDA warm up as before)."""
+    try:
+        from ..model.engine import Engine  # torch: loaded with the model
+    except ImportError:
+        return False
+    return isinstance(engine, Engine) and engine.device.type == "cpu"
 
 
 def load_local_backend(

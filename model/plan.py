@@ -38,6 +38,11 @@ The policy
   a CPU; on CUDA the largest bucket timed again with twice the rows), and a request gets
   the steps that fit for its own row count (:meth:`StepPlan.choice`): a request with three
   drafts may get fewer steps than one without, never more time than its budget.
+* **A slow model on a CPU** (a 0.5B checkpoint: one step of the largest bucket takes
+  seconds, the plan a minute or more) is planned in the background by the language server
+  (:meth:`diffill.lsp_server.backends.LocalBackend.warmup`); until that plan is in, requests
+  follow a :func:`provisional_plan` priced from one tiny timed request, which never allows
+  more steps than fit.
 * **One-shot callers** (``diffill complete``) time one step of their own request and plan
   from that one shape (:func:`plan_from_one_request`). A model below the smallest context
   bucket is timed at its own longest context, which stands in for that bucket.
@@ -131,7 +136,8 @@ class BucketTiming(msgspec.Struct, frozen=True):
     full_ms: float  # one step with a full forward (LM head + selection included)
     block_ms: float  # one cached step (hole block only); = full_ms if not measured
     overhead_ms: float = 0.0  # per request, outside the steps (canvas build, trimming)
-    source: str = "measured"  # or "fitted": predicted from two measured buckets (fit_timings)
+    source: str = "measured"  # or "fitted": predicted from two measured buckets (fit_timings),
+    # or "provisional": extrapolated from one tiny request (provisional_plan)
     row_ms: float = 0.0  # a full step's cost per row more (or less) than ``rows``; 0: not priced
     block_row_ms: float = 0.0  # the same for a cached step
 
@@ -365,6 +371,43 @@ def plan_from_one_request(ms: float, ctx_len: int, hole_len: int, rows: int, bud
                              **kw)
 
 
+PROVISIONAL = "provisional"
+"""``BucketTiming.source`` of a :func:`provisional_plan`'s timings."""
+
+
+def provisional_plan(ms: float, tokens: int, budget_ms: float, *, rows: int = 3,
+                     shared_context: bool = False, limit: int | None = None,
+                     ctx_buckets: Sequence[int] = CTX_BUCKETS,
+                     hole_buckets: Sequence[int] = HOLE_BUCKETS, **kw: Any) -> StepPlan:
+    """The plan requests follow while the real one is measured in the background (a model
+    whose steps are slow on a CPU, where measuring takes a minute or more: the server answers
+    meanwhile). From one timed request that ran ``tokens`` step tokens (:func:`step_tokens`)
+    in ``ms`` -- a tiny one, first-call costs and overhead included -- every bucket (those of
+    ``limit`` positions, as :func:`measure_plan` picks them) is priced in proportion to its
+    step tokens, at ``rows`` rows, cached steps at the full cost. A step costs
+    ``a + b * tokens`` with ``a >= 0``, so for every bucket larger than the timed request this
+    predicts more than the step costs: the provisional plan never gives more steps than fit
+    (on the 0.5B shape on a 2-core CPU it gives the one step the measured plan gives too).
+    The timings say ``source="provisional"``. ``kw``: :func:`plan_from_timings`'s."""
+    limit = 1 << 30 if limit is None else limit
+    buckets = [(c, h) for c in ctx_buckets for h in hole_buckets if c + h <= limit]
+    if not buckets:
+        buckets = [(min(ctx_buckets), h) for h in hole_buckets if h < limit]
+    if not buckets:
+        raise NoBucketFits(f"no hole bucket fits max_position_embeddings={limit}")
+    per_token = ms / max(1, tokens)
+    timings = []
+    for c, h in buckets:
+        n = step_tokens(rows, c, h, shared_context)
+        row = per_token * (step_tokens(rows + 1, c, h, shared_context) - n)
+        full = per_token * n
+        timings.append(BucketTiming(c, h, rows, round(full, 4), round(full, 4), source=PROVISIONAL,
+                                    row_ms=round(row, 4), block_row_ms=round(row, 4)))
+    return plan_from_timings(timings, budget_ms, shared_context=shared_context,
+                             measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             **kw)
+
+
 def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
                    refresh_every: int = 1, repeats: int = 5, warmup: int = 1,
                    overhead: bool | int = True, shared: bool = False,
@@ -556,6 +599,7 @@ class StepBudget:
                 "measured_at": plan.measured_at,
                 "buckets": len(plan.timings),
                 "fitted": sum(t.source == "fitted" for t in plan.timings),
+                "provisional": any(t.source == PROVISIONAL for t in plan.timings),
                 "steps": {f"{c.ctx}x{c.hole}": c.steps for c in plan.choices},
             },
         }
