@@ -105,3 +105,56 @@ def test_local_backend_steps_do_not_drift_with_load():
         slow.infill(ctx, n=1, max_tokens=16)
     assert fast.infill(ctx, n=1, max_tokens=16) == before and planned() == 7
     assert eng.plan.budget_ms == 30.0  # nothing re-planned
+
+
+def _real_engine():
+    from diffill.model.engine import Engine
+    from support import tiny_lm
+
+    lm = tiny_lm(0, tokenizer=_FakeTok(), vocab_size=256, hidden_size=16, intermediate_size=32,
+                 num_layers=1, num_heads=2, num_kv_heads=1, max_position_embeddings=512)
+    return Engine(lm, budget_ms=200.0)
+
+
+def test_a_quick_cpu_model_is_planned_before_it_is_ready():
+    """The shipped-model case: the tiny warm-up request is quick, the plan measured in place."""
+    from diffill.lsp_server.backends import LocalBackend
+
+    b = LocalBackend(_real_engine(), step_delay_s=0)
+    b.warmup()
+    assert b.plan_thread is None
+    plan = b.engine.plan
+    assert plan is not None and not any(t.source == "provisional" for t in plan.timings)
+
+
+def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
+    """Issue 25: a model whose tiny request is slow is ready at once on a provisional plan
+    (never more steps than the measured one) and planned in the background."""
+    import threading
+
+    from diffill.lsp_server import backends
+    from diffill.model import plan as plan_mod
+
+    monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)  # every model counts as slow
+    release = threading.Event()
+    real = plan_mod.measure_plan
+
+    def held(*a, **kw):
+        release.wait(30)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(plan_mod, "measure_plan", held)
+    b = backends.LocalBackend(_real_engine(), step_delay_s=0)
+    b.warmup()
+    prov = b.engine.plan
+    assert prov is not None and all(t.source == "provisional" for t in prov.timings)
+    assert b.describe()["step_plan"]["provisional"] is True
+    out = b.infill(_ctx(), n=1, max_tokens=16)  # answered while the plan is measured
+    assert out and b.plan_thread is not None and b.plan_thread.is_alive()
+    release.set()
+    b.plan_thread.join(60)
+    measured = b.engine.plan
+    assert measured is not prov and not any(t.source == "provisional" for t in measured.timings)
+    assert b.describe()["step_plan"]["provisional"] is False
+    for c in prov.choices:  # the provisional plan's steps never exceed the measured plan's
+        assert c.steps <= measured.choice(c.ctx, c.hole).steps or c.steps == prov.min_steps
