@@ -135,12 +135,12 @@ class CompleterGenerator:
         """The top suggestion; ``snippets`` (extra context) and ``workspace`` (chunks for
         the draft sources) as the server gathers them (:mod:`diffill.lsp_server.gather`)."""
         c = self._multi if multiline else self._single
-        calls = getattr(self.backend, "model_calls", None)
         k = min(self.keystroke, offset)
         if k > 0:
             path = path or "task.py"
             c.run(text[:offset - k] + text[offset:], offset - k, n=1, multiline=multiline,
                   language=self.language, path=path, snippets=snippets, workspace=workspace)
+        calls = getattr(self.backend, "model_calls", None)
         res = c.run(text, offset, n=1, multiline=multiline, language=self.language, path=path,
                     snippets=snippets, workspace=workspace)
         top = res.suggestions[0] if res.suggestions else None

@@ -101,8 +101,8 @@ def compare_reuse(model: str, text: str, row: int, col: int, typed: str, *, repe
 
 def main() -> None:
     """``python -m diffill.evaluation.keystroke MODEL``: the standard library's ``shlex.py``
-    (its first 72 lines), the cursor at the start of the statement of line 41 after the
-    indentation, the statement's first 5 characters typed; exact vs reused, side by side."""
+    (its first 72 lines), the statement ``self.pushback = deque()`` emptied, the cursor
+    after its indentation, its first 5 characters typed; exact vs reused, side by side."""
     import argparse
     import inspect
     import json
@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     lines = inspect.getsource(shlex).splitlines(keepends=True)[:72]
-    row = 40
+    row = next(i for i, ln in enumerate(lines) if ln.strip() == "self.pushback = deque()")
     line = lines[row]
     indent = line[: len(line) - len(line.lstrip())]
     typed = line.strip()[:5]

@@ -23,6 +23,12 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   A step then costs about one canvas plus a hole per row instead of a canvas per row. An
   approximation for the rows whose hole length differs from the longest (measured:
   BENCHMARKS.md, *One context per request*); ``context='row'`` is the exact path.
+* **Reuse across keystrokes** (``reuse``; ``'auto'``: where the context is shared). A
+  lone request that names its document (``context_key``) starts from the context its
+  document's last request left (:mod:`diffill.model.reuse`): the tokens still there are
+  reused, the few typed since are recomputed with the hole, and no step recomputes the
+  context. Bounded by ``reuse_far`` tokens recomputed and ``reuse_full_every`` reuses in a
+  row; ``DIFFILL_REUSE=off`` (or ``reuse='off'``) is the exact path.
 * **Fused select-and-unmask** (``select_impl``): the Triton kernel on CUDA
   (:mod:`diffill.kernels.select_unmask`); ``None`` keeps the sampler's torch step.
 * **Shape buckets** (``buckets``) and **CUDA graphs** (``cuda_graphs``, greedy

@@ -44,3 +44,20 @@ def test_generate_keeps_the_info_of_a_generated():
     t = InfillTask("t/0", "def f(x):\n", "", "    return x\n", "", "")
     (o,) = generate(G(), [t])
     assert (o.insert, o.info) == ("y", {"steps": 2})
+
+
+def test_keystroke_asks_the_same_document_twice_and_the_second_reuses(scripted_model_dir, monkeypatch):
+    """``diffill eval --keystroke K``: each completion is asked first with K characters not
+    yet typed, then for real, under one document path; on a CPU the second request starts
+    from the first one's kept context (model/reuse.py), and the answer is the real one's."""
+    from diffill.evaluation.generators import load_model_generator
+
+    monkeypatch.delenv("DIFFILL_REUSE", raising=False)
+    gen = load_model_generator(str(scripted_model_dir), steps=2, keystroke=3)
+    text = "def add_numbers(a, b):\n    total = a + b\n    return "
+    got = gen.generate(text, len(text), multiline=False)
+    st = gen.backend.engine.stats()
+    assert got.info["model_calls"] == 1  # the real request's own calls (the first is not counted)
+    assert st["context_reused"] >= 1 and st["context_computed"] >= 1
+    assert gen.describe()["keystroke"] == 3
+    assert gen.with_drafts().keystroke == 3
