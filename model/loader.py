@@ -562,9 +562,8 @@ def _materialise_int8(cfg: ModelConfig, plan: dict[str, _Entry], dtype: torch.dt
         return model
     try:
         writer.finish()
-        with CacheReader(path, key, layout) as reader:  # the table as a map of the new file
-            table = reader.mapped(EMBED)
-        model.embed_tokens.weight = torch.nn.Parameter(table, requires_grad=False)
+        with CacheReader(path, key, layout) as reader:  # the table read from the new file
+            model.embed_tokens = reader.embedding(EMBED)
         release_free_memory()  # the table's own copy
         log.info("int8 weights cache written: %s", path)
     except (CacheInvalid, OSError, ValueError) as e:
@@ -616,11 +615,13 @@ def _build_int8(cfg: ModelConfig, plan: dict[str, _Entry], dtype: torch.dtype, f
     if reader is not None:
         reader.verify(EMBED)
         table = reader.mapped(EMBED)
+        model.embed_tokens = reader.embedding(EMBED)  # the lookup reads rows from the file
     else:
         table = from_ckpt(EMBED)
         if writer is not None:
             writer.write(EMBED, table)
-    state[EMBED] = table
+    if reader is None:
+        state[EMBED] = table
     result = model.load_state_dict(state, strict=False, assign=True)
     if result.unexpected_keys:
         raise CheckpointError(f"{folder}: unexpected {', '.join(result.unexpected_keys[:5])}")

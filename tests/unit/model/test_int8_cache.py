@@ -190,3 +190,23 @@ def test_the_cache_never_lands_in_the_checkpoint_folder(tmp_path, monkeypatch):
     load_model(folder, weights="int8")
     assert sorted(p.name for p in folder.iterdir()) == before
     assert len(_files(tmp_path / "env")) == 1
+
+
+def test_file_embedding_reads_the_rows_it_looks_up(tmp_path):
+    """The cached table is looked up from the file (no resident table): the same rows as
+    nn.Embedding, the same error past the table, and the map once the file is gone."""
+    folder = _ckpt(tmp_path / "ck")
+    cache = tmp_path / "cache"
+    load_model(folder, weights="int8", int8_cache=cache)
+    lm = load_model(folder, weights="int8", int8_cache=cache)
+    emb = lm.model.embed_tokens
+    assert isinstance(emb, int8_cache.FileEmbedding)
+    table = load_file(str(folder / "model.safetensors"))["embed_tokens.weight"]
+    ids = torch.tensor([[5, 5, 63, 0], [7, 1, 5, 2]])
+    assert torch.equal(emb(ids), torch.nn.functional.embedding(ids, table))
+    assert emb(ids[:0]).shape == (0, 4, emb.embedding_dim)
+    with pytest.raises(IndexError):
+        emb(torch.tensor([64]))
+    for f in _files(cache):
+        f.unlink()
+    assert torch.equal(emb(ids), torch.nn.functional.embedding(ids, table))
