@@ -7,6 +7,7 @@ Examples::
         --steps 1 2 4 8 16 --json out.json --plot out.png
     diffill bench --model path/to/checkpoint --lsp 50   # plus end-to-end LSP latency
     diffill bench --quick --no-ar --no-floors --first 5  # plus time to the first suggestion
+    diffill bench --vs-llamacpp --model DIR --threads 2 --repeats 3  # vs llama.cpp (extra)
 
 See :mod:`diffill.evaluation.bench` for what is measured.
 """
@@ -104,7 +105,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="instead of the grid: int8 weights vs fp32 logits (error, argmax "
                         "agreement) on a random model of --model's shape cut to LAYERS layers")
     p.add_argument("--vs-llamacpp", action="store_true",
-                   help="NOT IMPLEMENTED: the llama.cpp side-by-side (needs llama-cpp-python)")
+                   help="instead of the grid: diffill and llama.cpp side by side on one file "
+                        "(cold request, next keystroke, verified draft; evaluation/llamacpp.py) "
+                        "with --model DIR converted to GGUF Q8_0; --steps (first value, "
+                        "default 4), --holes (first, default 16), --refresh (first, default "
+                        "0: no dual cache), --repeats (default 3), "
+                        "--threads (default 2 per side); needs pip install 'diffill[llamacpp]'")
+    p.add_argument("--gguf", default=None, metavar="FILE",
+                   help="--vs-llamacpp: this GGUF instead of converting --model")
     p.add_argument("--json", default=None, metavar="FILE", help="write all results as JSON")
     p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of latency vs steps")
     p.add_argument("--quick", action="store_true", help="tiny grid for CI smoke runs")
@@ -158,9 +166,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
     if args.vs_llamacpp:
-        print("diffill bench: --vs-llamacpp is not implemented yet (llama-cpp-python is not a "
-              "dependency; issue 25.5)", file=sys.stderr)
-        return 2
+        return vs_llamacpp(args, log)
     opts = _options(args)
     if args.int8_error and args.model in PRESETS:  # the shape only: no full model is built
         print(json.dumps(bench.int8_logits_error(PRESETS[args.model], layers=args.int8_error),
@@ -231,6 +237,37 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         bench.plot(result, args.plot)
         log(f"wrote {args.plot}")
+    return 0
+
+
+def vs_llamacpp(args: argparse.Namespace, log: Callable[[str], None]) -> int:
+    """``--vs-llamacpp``: :func:`diffill.evaluation.llamacpp.run_side_by_side`."""
+    from .. import llamacpp
+
+    try:
+        llamacpp.require("llama_cpp")
+        if args.gguf is None:
+            llamacpp.require("gguf")
+    except llamacpp.MissingExtra as e:
+        print(f"diffill bench: {e}", file=sys.stderr)
+        return 2
+    if args.model in PRESETS or args.model == "default" or not Path(args.model).is_dir():
+        print("diffill bench: --vs-llamacpp needs --model DIR, a checkpoint folder of the Qwen2 "
+              "layout (e.g. python scripts/make_shape_checkpoint.py DIR)", file=sys.stderr)
+        return 2
+    try:
+        res = llamacpp.run_side_by_side(
+            args.model, gguf_file=args.gguf, threads=args.threads or 2,
+            steps=args.steps[0] if args.steps else 4, hole=args.holes[0] if args.holes else 16,
+            refresh=args.refresh[0] if args.refresh else 1,
+            repeats=args.repeats or 3, warmup=1 if args.warmup is None else args.warmup, log=log)
+    except (ValueError, RuntimeError) as e:
+        print(f"diffill bench: {e}", file=sys.stderr)
+        return 2
+    print(llamacpp.format_table(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+        log(f"wrote {args.json}")
     return 0
 
 
