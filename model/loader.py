@@ -9,7 +9,9 @@ A checkpoint folder (Hugging Face layout) holds::
                                       layout vocab.json + merges.txt (+ added_tokens.json,
                                       tokenizer_config.json) that Dream/DiffuCoder publish
 
-Loading goes in two phases so that a bad checkpoint costs nothing:
+Loading goes in two phases so that a bad checkpoint costs nothing (the tokenizer, which the
+weights do not depend on, is read on a thread alongside both; its errors are still reported
+before any of the weights'):
 
 1. *Validate from headers only*: parse config.json, read the tokenizer, open
    every safetensors file (``safe_open`` memory-maps it and checks its header),
@@ -19,7 +21,10 @@ Loading goes in two phases so that a bad checkpoint costs nothing:
 2. *Materialise*: read tensors one at a time from the memory map, convert (and
    on CPU copy) them to the target dtype/device and ``load_state_dict(assign=True)``
    them into the meta model, so each weight exists once (peak = model + one
-   tensor) and the resident model does not depend on the file afterwards.
+   tensor) and the resident model does not depend on the file afterwards. int8 weights
+   on a CPU (:mod:`.quant`) come from the int8 weights cache (:mod:`.int8_cache`) or are
+   quantized a tensor at a time from private reads of the file, and packed on a few threads
+   (:func:`_materialise_int8`).
 
 The family's infilling recipe (:mod:`.recipes`) is chosen from the checkpoint in
 phase 1 (or named by the caller) and kept, resolved to ids, on the config.
@@ -28,7 +33,8 @@ Every failure raises :class:`CheckpointError`, :class:`~.config.ConfigError`,
 :class:`~.tokenizer.TokenizerError` or :class:`~.recipes.RecipeError` (all
 ``ValueError``) with a message that
 names the file and the field or tensor. Nothing built for a failed load stays
-referenced: there is no module-level cache.
+referenced: there is no module-level cache (the int8 weights cache is files, checked on
+every read).
 """
 
 from __future__ import annotations
@@ -726,11 +732,9 @@ def _apply_recipe(cfg: ModelConfig, tok: Tokenizer, override: str | None) -> Mod
     return cfg.replace(recipe=recipe)
 
 
-def _validate(
-    folder: Path, recipe: str | None
-) -> tuple[ModelConfig, Any, Tokenizer, list[Path], dict[str, _Entry]]:
-    """Phase 1: config, tokenizer, recipe and every safetensors header; reads no tensor data."""
-    cfg, dialect = read_config(folder)
+def _tokenizer_phase(folder: Path, cfg: ModelConfig, recipe: str | None,
+                     ) -> tuple[ModelConfig, Tokenizer]:
+    """Phase 1's tokenizer part: the tokenizer, the special ids it resolves, the recipe."""
     tok = Tokenizer.from_folder(
         folder,
         mask_id=cfg.mask_token_id,
@@ -739,7 +743,15 @@ def _validate(
         bos_id=cfg.bos_token_id,
     )
     cfg = _check_special_ids(cfg, tok, folder)
-    cfg = _apply_recipe(cfg, tok, recipe)
+    return _apply_recipe(cfg, tok, recipe), tok
+
+
+def _validate(
+    folder: Path, recipe: str | None
+) -> tuple[ModelConfig, Any, Tokenizer, list[Path], dict[str, _Entry]]:
+    """Phase 1: config, tokenizer, recipe and every safetensors header; reads no tensor data."""
+    cfg, dialect = read_config(folder)
+    cfg, tok = _tokenizer_phase(folder, cfg, recipe)
     files, index = _weight_files(folder)
     plan = _scan(files, index, cfg, _expected_shapes(cfg))
     return cfg, dialect, tok, files, plan
@@ -805,22 +817,35 @@ def load_model(
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device {dev} requested but CUDA is not available")
 
-    cfg, dialect, tok, files, plan = _validate(folder, recipe)
+    # The tokenizer (0.6 s of JSON for Qwen's; the tokenizers library releases the GIL) is read
+    # on a thread meanwhile: the weights do not depend on it. Its errors (and the recipe's)
+    # still come first, as _validate orders them, and a model built meanwhile is dropped.
+    cfg0, dialect = read_config(folder)
+    with ThreadPoolExecutor(1, thread_name_prefix="diffill-tokenizer") as ex:
+        tok_job = ex.submit(_tokenizer_phase, folder, cfg0, recipe)
+        try:
+            files, index = _weight_files(folder)
+            plan = _scan(files, index, cfg0, _expected_shapes(cfg0))
+            params = sum(math.prod(e.shape) for e in plan.values())
+            w = resolve_weights(weights, device=dev, params=params) if dev.type == "cpu" else \
+                resolve_weights(weights or "fp32", device=dev, params=params)
+            target_dtype = resolve_dtype(cfg0, dev, dtype)
+            if w == "int8" and target_dtype != torch.float32:
+                if dtype is not None:
+                    raise ValueError(f"weights 'int8' keeps float32 around the int8 matmuls, not {dtype}")
+                target_dtype = torch.float32
+            # diffill's CPU thread default (as Engine applies it) before the weights are copied
+            # out of the map: with torch's own one-thread-per-core, each copy is a parallel region
+            # that waits for a descheduled thread on a busy machine (16 MB took ~0.3 s, not ~10 ms).
+            ensure_cpu_threads(dev)
+            model = _materialise(cfg0, plan, dev, target_dtype, folder, w, files, int8_cache)
+        except BaseException:
+            tok_job.result()  # a tokenizer or recipe error is reported first, as _validate does
+            raise
+        cfg, tok = tok_job.result()
+    model.config = cfg  # the ids and the recipe filled in (the Transformer reads neither)
     provenance = getattr(dialect, "provenance", None)
     provenance = dict(provenance) if isinstance(provenance, dict) else {}
-    params = sum(math.prod(e.shape) for e in plan.values())
-    w = resolve_weights(weights, device=dev, params=params) if dev.type == "cpu" else \
-        resolve_weights(weights or "fp32", device=dev, params=params)
-    target_dtype = resolve_dtype(cfg, dev, dtype)
-    if w == "int8" and target_dtype != torch.float32:
-        if dtype is not None:
-            raise ValueError(f"weights 'int8' keeps float32 around the int8 matmuls, not {dtype}")
-        target_dtype = torch.float32
-    # diffill's CPU thread default (as Engine applies it) before the weights are copied out
-    # of the map: with torch's own one-thread-per-core, each copy is a parallel region
-    # that waits for a descheduled thread on a busy machine (16 MB took ~0.3 s, not ~10 ms).
-    ensure_cpu_threads(dev)
-    model = _materialise(cfg, plan, dev, target_dtype, folder, w, files, int8_cache)
     return LoadedModel(
         model=model,
         tokenizer=tok,
