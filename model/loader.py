@@ -568,13 +568,16 @@ def _materialise_int8(cfg: ModelConfig, plan: dict[str, _Entry], dtype: torch.dt
         return model
     try:
         writer.finish()
-        with CacheReader(path, key, layout) as reader:  # the table read from the new file
+        with CacheReader(path, key, layout) as reader:  # the table looked up from the new file
             model.embed_tokens = reader.embedding(EMBED)
-        release_free_memory()  # the table's own copy
         log.info("int8 weights cache written: %s", path)
     except (CacheInvalid, OSError, ValueError) as e:
         writer.abort()
         log.warning("int8 weights cache not written (%s): %s", path, e)
+        header, base = headers[plan[EMBED].file], read_header(plan[EMBED].file)[1]
+        table = _read_rows(plan[EMBED], header, base)  # the table in own memory after all
+        model.embed_tokens.weight = torch.nn.Parameter(table, requires_grad=False)
+    _check_no_meta(model, folder)
     return model
 
 
@@ -618,15 +621,16 @@ def _build_int8(cfg: ModelConfig, plan: dict[str, _Entry], dtype: torch.dtype, f
         header, base = headers[plan[name].file]
         return _read_rows(plan[name], header, base, lo, hi)
 
+    vocab = plan[EMBED].shape[0]
+    table: torch.Tensor | None = None
     if reader is not None:
         reader.verify(EMBED)
-        table = reader.mapped(EMBED)
         model.embed_tokens = reader.embedding(EMBED)  # the lookup reads rows from the file
+    elif writer is not None:  # copied into the cache a piece at a time, looked up from there
+        for lo in range(0, vocab, PACK_ROWS):
+            writer.write(EMBED, from_ckpt(EMBED, lo, min(vocab, lo + PACK_ROWS)))
     else:
         table = from_ckpt(EMBED)
-        if writer is not None:
-            writer.write(EMBED, table)
-    if reader is None:
         state[EMBED] = table
     result = model.load_state_dict(state, strict=False, assign=True)
     if result.unexpected_keys:
@@ -636,7 +640,7 @@ def _build_int8(cfg: ModelConfig, plan: dict[str, _Entry], dtype: torch.dtype, f
     def codes(name: str, lo: int, hi: int, source: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         if reader is not None:
             return reader.read(f"{name}.q"), reader.read(f"{name}.scale")
-        if source == EMBED and "lm_head.weight" not in plan:
+        if source == EMBED and table is not None:
             return quantize_per_channel(table[lo:hi])
         return quantize_per_channel(from_ckpt(source or name, lo, hi))
 
@@ -678,7 +682,8 @@ def _build_int8(cfg: ModelConfig, plan: dict[str, _Entry], dtype: torch.dtype, f
     if model.lm_head is not None:  # untied: the float head is not kept
         model.lm_head.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
     model.weights = "int8"
-    _check_no_meta(model, folder)
+    if writer is None:  # with a writer the table comes from the finished file (the caller)
+        _check_no_meta(model, folder)
     release_free_memory()
     return model
 
