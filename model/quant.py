@@ -76,6 +76,12 @@ def quantize_per_channel(w: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tens
     return q, scale
 
 
+# torch marks quantized tensors deprecated (2.13); the packed op they feed is what runs. One
+# filter for that message, set once: warnings.catch_warnings() around each call is not
+# thread-safe (the loader packs on several threads) and let the warning through.
+warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel",
+                        category=UserWarning)
+
 PACK_ROWS = 8192
 """An :class:`Int8Linear` packs its weight this many output rows at a time: a vocabulary-sized
 head packs in pieces (FBGEMM packed 152K x 896 in 1.35 s as one matrix, 0.70 s in 8192-row
@@ -87,10 +93,8 @@ pieces give the bits one matrix gives."""
 def pack_int8(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
     """int8 codes [N, K] and their per-row ``scale`` [N] (+ fp32 ``bias`` [N]) -> torch's packed
     dynamic-quantized linear weight (FBGEMM layout on x86; torch releases the GIL while packing)."""
-    with warnings.catch_warnings():  # torch marks quantized tensors deprecated (2.13);
-        warnings.simplefilter("ignore", UserWarning)  # the packed op below is what runs
-        qw = torch._make_per_channel_quantized_tensor(
-            q, scale.double(), torch.zeros(scale.shape, dtype=torch.long), 0)
+    qw = torch._make_per_channel_quantized_tensor(
+        q, scale.double(), torch.zeros(scale.shape, dtype=torch.long), 0)
     return torch.ops.quantized.linear_prepack(qw, bias)
 
 
