@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import struct
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -133,12 +134,24 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
+_scratch = threading.local()
+
+
+def scratch(nbytes: int) -> torch.Tensor:
+    """This thread's reusable byte buffer of at least ``nbytes`` (its first ``nbytes``): reads
+    of codes that are packed and let go reuse it instead of faulting in fresh pages each time."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < nbytes:
+        buf = _scratch.buf = torch.empty(nbytes, dtype=torch.uint8)
+    return buf[:nbytes]
+
+
 def read_into(fd: int, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...],
-              crc: int = 0) -> tuple[torch.Tensor, int]:
-    """``nbytes`` at ``offset`` of file ``fd`` as a new tensor (the process's own memory; a
-    positional read, safe from several threads) and the CRC-32 of those bytes continued from
-    ``crc``."""
-    buf = torch.empty(nbytes, dtype=torch.uint8)
+              crc: int = 0, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """``nbytes`` at ``offset`` of file ``fd`` as a tensor -- new (the process's own memory),
+    or a view of ``out`` (uint8, ``nbytes`` long) -- read positionally (safe from several
+    threads), and the CRC-32 of those bytes continued from ``crc``."""
+    buf = torch.empty(nbytes, dtype=torch.uint8) if out is None else out
     mv = memoryview(buf.numpy()) if nbytes else memoryview(b"")
     got = 0
     while got < nbytes:
@@ -200,11 +213,13 @@ class CacheReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def read(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` read into own memory, its CRC checked."""
+    def read(self, name: str, reuse: bool = False) -> torch.Tensor:
+        """Tensor ``name`` read into own memory, its CRC checked; ``reuse``: into this thread's
+        :func:`scratch` buffer (valid until the thread's next ``reuse`` read)."""
         dtype, shape = self.expected[name]
         offset, nbytes = self._spans[name]
-        t, crc = read_into(self._fd, offset, nbytes, dtype, shape)
+        t, crc = read_into(self._fd, offset, nbytes, dtype, shape,
+                           out=scratch(nbytes) if reuse else None)
         self.check(name, crc)
         return t
 
@@ -227,9 +242,10 @@ class CacheReader:
         dtype, _ = self.expected[name]
         offset, nbytes = self._spans[name]
         crc, done = 0, 0
+        buf = torch.empty(min(_CHUNK, nbytes), dtype=torch.uint8)
         while done < nbytes:
             n = min(_CHUNK, nbytes - done)
-            _, crc = read_into(self._fd, offset + done, n, torch.uint8, (n,), crc)
+            _, crc = read_into(self._fd, offset + done, n, torch.uint8, (n,), crc, out=buf[:n])
             done += n
         self.check(name, crc)
 

@@ -638,8 +638,8 @@ def _build_int8(cfg: ModelConfig, plan: dict[str, _Entry], dtype: torch.dtype, f
     state.clear()
 
     def codes(name: str, lo: int, hi: int, source: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if reader is not None:
-            return reader.read(f"{name}.q"), reader.read(f"{name}.scale")
+        if reader is not None:  # the codes into this thread's scratch buffer: packing copies them
+            return reader.read(f"{name}.q", reuse=True), reader.read(f"{name}.scale")
         if source == EMBED and table is not None:
             return quantize_per_channel(table[lo:hi])
         return quantize_per_channel(from_ckpt(source or name, lo, hi))

@@ -76,11 +76,16 @@ def quantize_per_channel(w: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tens
     return q, scale
 
 
-# torch marks quantized tensors deprecated (2.13); the packed op they feed is what runs. One
-# filter for that message, set once: warnings.catch_warnings() around each call is not
-# thread-safe (the loader packs on several threads) and let the warning through.
-warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel",
-                        category=UserWarning)
+# torch marks quantized tensors deprecated (2.13); the packed op they feed is what runs. A
+# filter for that message, (re)installed where missing: warnings.catch_warnings() around each
+# call is not thread-safe (the loader packs on several threads) and let the warning through.
+_DEPRECATED = r"torch\.quantize_per_tensor, torch\.quantize_per_channel"
+
+
+def _quiet_deprecation() -> None:
+    if not any(f[0] == "ignore" and f[1] is not None and f[1].pattern == _DEPRECATED
+               for f in warnings.filters):
+        warnings.filterwarnings("ignore", message=_DEPRECATED, category=UserWarning)
 
 PACK_ROWS = 8192
 """An :class:`Int8Linear` packs its weight this many output rows at a time: a vocabulary-sized
@@ -93,6 +98,7 @@ pieces give the bits one matrix gives."""
 def pack_int8(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
     """int8 codes [N, K] and their per-row ``scale`` [N] (+ fp32 ``bias`` [N]) -> torch's packed
     dynamic-quantized linear weight (FBGEMM layout on x86; torch releases the GIL while packing)."""
+    _quiet_deprecation()
     qw = torch._make_per_channel_quantized_tensor(
         q, scale.double(), torch.zeros(scale.shape, dtype=torch.long), 0)
     return torch.ops.quantized.linear_prepack(qw, bias)
