@@ -47,7 +47,10 @@ log = logging.getLogger("diffill.backends")
 
 QUICK_PLAN_MS = 50.0
 """A CPU model whose tiny warm-up request takes longer is planned in the background
-(:meth:`LocalBackend.warmup`); the shipped model's takes ~10 ms, the 0.5B shape's ~0.3 s."""
+(:meth:`LocalBackend.warmup`); the shipped model's takes a few ms, the 0.5B shape's ~0.25 s."""
+BACKGROUND_PLAN_PARAMS = 100_000_000
+"""Smaller models are always planned before the server is ready (the shipped one's plan takes
+~0.3 s), whatever a busy machine makes of their warm-up request's time."""
 TINY_CONTEXT, TINY_HOLE = 16, 8  # the warm-up request: canvas context tokens, hole slots
 PLAN_ROWS = 3  # the rows measure_plan (and so Engine.measure_plan) plans for
 
@@ -191,7 +194,8 @@ class LocalBackend:
         """The engine's warm-up: first-call overheads, then the step plan (every shape
         bucket on CUDA; two buckets and a fitted cost model on a CPU, to stay quick).
 
-        On a CPU one tiny request (steps=1) runs first and pays the first-call costs. When it
+        On a CPU, for a model of :data:`BACKGROUND_PLAN_PARAMS` parameters or more, one tiny
+        request (one row, one step) runs first and pays the first-call costs. When it
         took more than :data:`QUICK_PLAN_MS` (a model whose plan takes a minute or more to
         measure there: the 0.5B shape's largest bucket alone is a step of seconds), the plan
         is measured on a background thread and the server is ready now: requests meanwhile
@@ -199,7 +203,8 @@ class LocalBackend:
         never allows more steps than fit (its timings say ``provisional``; ``diffill/status``
         shows ``step_plan.provisional``). A faster model is planned here, as before."""
         eng = self.engine
-        if not _plans_in_background(eng):
+        if not _plans_in_background(eng) or \
+                getattr(eng.lm, "num_parameters", 0) < BACKGROUND_PLAN_PARAMS:
             eng.warmup()
             return
         ms, tokens, rows = self._tiny_request()
@@ -224,17 +229,16 @@ class LocalBackend:
         self.plan_thread.start()
 
     def _tiny_request(self) -> tuple[float, int, int]:
-        """One request of a few tokens with one step, timed: (ms, step tokens, rows)."""
+        """One request of a few tokens, one row, one step, timed: (ms, step tokens, rows)."""
         from ..model.plan import step_tokens, synthetic_request  # torch: loaded with the model
         from ..model.sampler import canvas_length  # torch: as above
 
         eng = self.engine
         prefix, suffix = synthetic_request(eng.config, TINY_CONTEXT)
-        req = eng.make_request(prefix, suffix, max_tokens=TINY_HOLE, candidates=1, steps=1)
-        hole, rows = max(req.sampler.lengths), len(req.sampler.lengths)
+        hole, rows = TINY_HOLE, 1  # one row: half the time of the default three (0.25 s, 0.5B)
         ctx = canvas_length(eng.config, len(prefix), len(suffix), hole) - hole
         t0 = time.perf_counter()
-        eng.infill(prefix, suffix, max_tokens=TINY_HOLE, candidates=1, steps=1)
+        eng.infill(prefix, suffix, lengths=(hole,), steps=1)
         ms = (time.perf_counter() - t0) * 1000.0
         return ms, step_tokens(rows, ctx, hole, eng.shared_context), rows
 

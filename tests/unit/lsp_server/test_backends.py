@@ -136,6 +136,7 @@ def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
     from diffill.model import plan as plan_mod
 
     monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)  # every model counts as slow
+    monkeypatch.setattr(backends, "BACKGROUND_PLAN_PARAMS", 0)  # and as big
     release = threading.Event()
     real = plan_mod.measure_plan
 
