@@ -17,7 +17,11 @@ benchmarks) the typed characters never do, so every request here reaches the mod
 
 from __future__ import annotations
 
+import argparse
+import inspect
+import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -32,7 +36,7 @@ def bench_keystrokes(model: str, text: str, row: int, col: int, typed: str, *,
     """One server, one document: a completion at (row, col), then one after each character
     of ``typed`` is inserted at the cursor. Returns the times (ms), the server's ready time
     (start to ``diffill/status`` loaded) and its counters."""
-    from .commands.bench import StdioClient
+    from .commands.bench import StdioClient  # here: no import cycle with the command
 
     argv = [sys.executable, "-m", "diffill.cli", "serve", "--model", model, "--device", device]
     t_start = time.monotonic()
@@ -103,11 +107,6 @@ def main() -> None:
     """``python -m diffill.evaluation.keystroke MODEL``: the standard library's ``shlex.py``
     (its first 72 lines), the statement ``self.pushback = deque()`` emptied, the cursor
     after its indentation, its first 5 characters typed; exact vs reused, side by side."""
-    import argparse
-    import inspect
-    import json
-    import shlex
-
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("model")
     ap.add_argument("--repeats", type=int, default=1)
