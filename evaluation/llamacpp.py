@@ -182,9 +182,9 @@ def convert_to_gguf(folder: str | Path, out: str | Path | None = None, *,
     as a GGUF file with Q8_0 matrices (norms and biases f32), written with the ``gguf``
     package, offline. ``out`` None: the cache (:func:`gguf_cache_path`), reused when there."""
     gguf = require("gguf")
-    import numpy as np
-    import torch
-    from safetensors import safe_open
+    import numpy as np  # numpy, torch, safetensors: only when converting
+    import torch  # bf16 tensors -> float32 (numpy has no bf16)
+    from safetensors import safe_open  # reads the checkpoint's weights
 
     folder = Path(folder).expanduser().resolve()
     dest = Path(out) if out is not None else gguf_cache_path(folder)
@@ -289,10 +289,10 @@ class DiffillSide:
 
     def __init__(self, model_dir: str, threads: int, steps: int, hole: int,
                  refresh: int = 1) -> None:
-        from ..model import load_model
-        from ..model.engine import Engine, EngineOptions
-        from ..model.runtime import configure_cpu_threads
-        from ..model.sampler import SamplerConfig
+        from ..model import load_model  # the model (torch): in the diffill worker only
+        from ..model.engine import Engine, EngineOptions  # (same)
+        from ..model.runtime import configure_cpu_threads  # (same)
+        from ..model.sampler import SamplerConfig  # (same)
 
         configure_cpu_threads(threads, "cpu")
         self.lm = load_model(model_dir)
@@ -305,7 +305,7 @@ class DiffillSide:
         self.reuse = reuse_keyword(Engine.infill)
 
     def info(self) -> dict[str, Any]:
-        import torch
+        import torch  # the diffill worker's, already loaded
 
         return {"weights": self.lm.weights, "refresh_every": self.engine.options.refresh_every,
                 "dtype": str(self.lm.dtype).removeprefix("torch."),
@@ -410,9 +410,9 @@ def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, thr
                      warmup: int = 1, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The benchmark (module doc); returns a JSON-able dict, :func:`format_table` renders it."""
     require("llama_cpp")  # before minutes of conversion
-    import torch
+    import torch  # the machine string; the parent has torch loaded (bench command)
 
-    from .bench import machine_string
+    from .bench import machine_string  # torch at import: kept out of the workers' imports
 
     case = shlex_case()
     if len(case.middle) <= keystrokes:

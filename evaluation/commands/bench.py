@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
 
 def vs_llamacpp(args: argparse.Namespace, log: Callable[[str], None]) -> int:
     """``--vs-llamacpp``: :func:`diffill.evaluation.llamacpp.run_side_by_side`."""
-    from .. import llamacpp
+    from .. import llamacpp  # only for --vs-llamacpp
 
     try:
         llamacpp.require("llama_cpp")
