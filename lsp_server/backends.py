@@ -200,8 +200,8 @@ class LocalBackend:
         measure there: the 0.5B shape's largest bucket alone is a step of seconds), the plan
         is measured on a background thread and the server is ready now: requests meanwhile
         follow :func:`~diffill.model.plan.provisional_plan` from that request's time, which
-        never allows more steps than fit (its timings say ``provisional``; ``diffill/status``
-        shows ``step_plan.provisional``). A faster model is planned here, as before."""
+        never allows more steps than fit (its timings say ``provisional``, and so does
+        :meth:`describe`'s ``step_plan.provisional``). A faster model is planned here, as before."""
         eng = self.engine
         if not _plans_in_background(eng) or \
                 getattr(eng.lm, "num_parameters", 0) < BACKGROUND_PLAN_PARAMS:
