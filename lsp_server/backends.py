@@ -27,6 +27,7 @@ Never set it in normal use.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -131,6 +132,7 @@ class LocalBackend:
         self._fault, self._faults_left = fault if fault is not None else (None, 0)
         self._fault_lock = threading.Lock()
         self.plan_thread: threading.Thread | None = None  # the background step plan (warmup)
+        self._plan_stop = threading.Event()
 
     # -- protocol --------------------------------------------------------------------------
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -227,6 +229,17 @@ class LocalBackend:
         self.plan_thread = threading.Thread(target=self._measure_plan, name="diffill-step-plan",
                                             daemon=True)
         self.plan_thread.start()
+        atexit.register(self.stop_plan)
+
+    def stop_plan(self, timeout: float = 10.0) -> None:
+        """Stop the background step plan (at its next layer) and wait for it; the provisional
+        plan stays. Registered with ``atexit``: a thread still inside a torch op when the
+        interpreter finalizes aborts the process ("terminate called without an active
+        exception"); ``diffill serve`` itself ends with ``os._exit``."""
+        self._plan_stop.set()
+        t = self.plan_thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join(timeout)
 
     def _tiny_request(self) -> tuple[float, int, int]:
         """One request of a few tokens, one row, one step, timed: (ms, step tokens, rows)."""
@@ -252,6 +265,14 @@ class LocalBackend:
         eng = self.engine
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        me, stop = threading.get_ident(), self._plan_stop
+
+        def check(_module: Any, _args: Any) -> None:  # between two layers' ops, this thread only
+            if stop.is_set() and threading.get_ident() == me:
+                raise _PlanStopped
+
+        leaves = [m for m in eng.model.modules() if next(m.children(), None) is None]
+        hooks = [m.register_forward_pre_hook(check) for m in leaves]
         t0 = time.perf_counter()
         try:
             plan = measure_plan(
@@ -259,9 +280,16 @@ class LocalBackend:
                 refresh_every=eng.options.refresh_every, repeats=2, max_steps=eng.budget.max_steps,
                 statistic=min, model_name=str(getattr(eng.lm, "path", "")),
                 shared_context=eng.shared_context)
+        except _PlanStopped:
+            return
         except Exception as e:  # the provisional plan stays
             log.warning("background step plan failed (%s: %s); the provisional plan stays",
                         type(e).__name__, e)
+            return
+        finally:
+            for h in hooks:
+                h.remove()
+        if stop.is_set():
             return
         eng.plan = plan
         log.info("step plan measured in the background in %.1f s", time.perf_counter() - t0)
@@ -295,6 +323,10 @@ class LocalBackend:
             return bool(cancel and cancel())
 
         return check
+
+
+class _PlanStopped(Exception):
+    """Raised inside the background plan's forward when :meth:`LocalBackend.stop_plan` asks."""
 
 
 def _plans_in_background(engine: Any) -> bool:

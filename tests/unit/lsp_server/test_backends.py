@@ -159,3 +159,34 @@ def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
     assert b.describe()["step_plan"]["provisional"] is False
     for c in prov.choices:  # the provisional plan's steps never exceed the measured plan's
         assert c.steps <= measured.choice(c.ctx, c.hole).steps or c.steps == prov.min_steps
+
+
+def test_the_background_plan_stops_at_its_next_layer(monkeypatch):
+    """stop_plan (also run at exit: a thread inside a torch op at interpreter exit aborts the
+    process) ends the background plan between two layers; the provisional plan stays."""
+    import threading
+
+    from diffill.lsp_server import backends
+    from diffill.model import plan as plan_mod
+
+    monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)
+    monkeypatch.setattr(backends, "BACKGROUND_PLAN_PARAMS", 0)
+    release = threading.Event()
+    real = plan_mod.measure_plan
+    ran = []
+
+    def held(*a, **kw):
+        release.wait(30)
+        ran.append(True)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(plan_mod, "measure_plan", held)
+    b = backends.LocalBackend(_real_engine(), step_delay_s=0)
+    b.warmup()
+    prov = b.engine.plan
+    b._plan_stop.set()
+    release.set()
+    b.stop_plan()
+    assert ran and not b.plan_thread.is_alive()
+    assert b.engine.plan is prov  # the measurement was stopped, not installed
+    assert b.infill(_ctx(), n=1, max_tokens=16)  # and the hooks are gone: requests still run
