@@ -489,7 +489,7 @@ def release_free_memory() -> None:
     global _libc
     try:
         if _libc is None:
-            import ctypes
+            import ctypes  # only where the int8 load trims the heap
 
             _libc = ctypes.CDLL("libc.so.6")
         _libc.malloc_trim(0)
