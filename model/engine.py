@@ -147,6 +147,12 @@ def bucket_shape(L: int, T: int, N: int) -> tuple[int, int, int]:
 
 DEFAULT_CANDIDATES = 3
 
+REFRESH_CONTEXT_ENV = "DIFFILL_REFRESH_CONTEXT"
+"""``step`` / ``request``: what ``EngineOptions(refresh_context='auto')`` means in this process."""
+
+ONCE = 1 << 30
+"""A refresh period no request reaches: the context is computed at the first step only."""
+
 REUSE_ENV = "DIFFILL_REUSE"
 """``on`` / ``off``: what ``EngineOptions(reuse='auto')`` means in this process (unset: on
 where a request's context is shared)."""
@@ -197,6 +203,10 @@ class EngineOptions:
     #: shared, i.e. on a CPU, unless DIFFILL_REUSE=off; :mod:`diffill.model.reuse`), with
     #: at most ``reuse_far`` context tokens recomputed and ``reuse_full_every`` reuses in a row
     reuse: str = "auto"
+    #: how often a shared context (one per request) is recomputed: every ``refresh_every``
+    #: steps ('step'), or once, at the request's first step ('request'); 'auto': 'request'
+    #: (unless DIFFILL_REFRESH_CONTEXT says 'step')
+    refresh_context: str = "auto"
     reuse_far: int = 32
     reuse_full_every: int = 8
     reuse_documents: int = 4
@@ -211,6 +221,9 @@ class EngineOptions:
         if self.context not in ("auto", "request", "row"):
             raise ValueError(f"EngineOptions.context must be 'auto', 'request' or 'row', "
                              f"got {self.context!r}")
+        if self.refresh_context not in ("auto", "step", "request"):
+            raise ValueError(f"EngineOptions.refresh_context must be 'auto', 'step' or 'request', "
+                             f"got {self.refresh_context!r}")
         if self.reuse not in ("auto", "on", "off"):
             raise ValueError(f"EngineOptions.reuse must be 'auto', 'on' or 'off', got {self.reuse!r}")
         if min(self.reuse_far, self.reuse_full_every, self.reuse_documents) < 0:
@@ -303,6 +316,21 @@ class Engine:
         return c == "request" and supports_shared_context(self.model)
 
     @property
+    def refresh_every(self) -> int:
+        """The refresh period of this engine's context: with one context per request,
+        :data:`ONCE` where ``refresh_context`` resolves to 'request' (the default: the
+        context of the request's first step serves its later steps, as the dual cache with
+        no refresh), else ``EngineOptions.refresh_every``."""
+        if not self.shared_context:
+            return self.options.refresh_every
+        r = self.options.refresh_context
+        if r == "auto":
+            r = os.environ.get(REFRESH_CONTEXT_ENV, "").strip() or "request"
+            if r not in ("step", "request"):
+                raise ValueError(f"{REFRESH_CONTEXT_ENV}={r!r}: expected 'step' or 'request'")
+        return ONCE if r == "request" else self.options.refresh_every
+
+    @property
     def reuse_context(self) -> bool:
         """Whether a request with a ``context_key`` may start from its document's kept
         context (EngineOptions.reuse; 'auto' is ``DIFFILL_REUSE`` when set, else on where
@@ -339,7 +367,7 @@ class Engine:
         :mod:`diffill.model.plan`): every bucket on CUDA, two buckets and a fitted cost model
         elsewhere (``fit``); requests without ``steps`` follow it from then on."""
         fit = self.device.type != "cuda" if fit is None else fit
-        kw.setdefault("refresh_every", self.options.refresh_every)
+        kw.setdefault("refresh_every", self.refresh_every)
         kw.setdefault("max_steps", self.budget.max_steps)
         kw.setdefault("repeats", 2 if fit else 5)
         kw.setdefault("statistic", min)  # the step's own cost, not the machine's other work
@@ -367,7 +395,7 @@ class Engine:
         ctx = canvas_length(self.config, len(prefix_ids), len(suffix_ids), hole) - hole
         self.plan = plan_from_one_request(
             ms, ctx, hole, len(req.sampler.lengths), self.budget.budget_ms(),
-            refresh_every=self.options.refresh_every, max_steps=self.budget.max_steps,
+            refresh_every=self.refresh_every, max_steps=self.budget.max_steps,
             shared_context=self.shared_context, device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
             model=str(getattr(self.lm, "path", "")))
         return ms
@@ -666,10 +694,10 @@ class Engine:
                 kept_by = self._reusing_steps(key, cv, spec, groups)
                 stepper = kept_by[1]
             elif groups is not None and bool((groups != torch.arange(len(groups), device=dev)).any()):
-                stepper = shared_steps(self.model, cv, spec, refresh_every=opts.refresh_every,
+                stepper = shared_steps(self.model, cv, spec, refresh_every=self.refresh_every,
                                        groups=groups)
-            elif opts.refresh_every > 1:
-                stepper = cached_steps(self.model, cv, spec, refresh_every=opts.refresh_every)
+            elif self.refresh_every > 1:  # a row per request: the same refresh rule
+                stepper = cached_steps(self.model, cv, spec, refresh_every=self.refresh_every)
             else:
                 stepper = EagerSteps(self.model, spec)
         out = run_steps(stepper, cv, state, rows, spec, [r.cancel for r in batch],
@@ -687,7 +715,7 @@ class Engine:
         stepper, whether the context was reused)."""
         store = self._contexts
         cache: SharedContext = SharedContext(self.model, cv, shift=spec.shift,
-                                             refresh_every=self.options.refresh_every, groups=groups)
+                                             refresh_every=self.refresh_every, groups=groups)
         kept = store.get(key)
         plan = None
         if kept is not None:
@@ -728,6 +756,8 @@ class Engine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "weights": getattr(self.lm, "weights", "fp32"),
             "context": "request" if self.shared_context else "row",
+            "context_refresh": ("first step" if self.refresh_every >= ONCE
+                                else f"every {self.refresh_every} steps"),
             **self.budget.summary(),
             **{f"engine_{k}": es[k] for k in ("requests", "completed", "cancelled", "batches",
                                                "max_batch_requests")},

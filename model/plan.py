@@ -298,7 +298,9 @@ def describe_plan(plan: StepPlan) -> str:
         f"step plan: budget {plan.budget_ms:g} ms, {plan.device} {plan.dtype}"
         + (f", model {plan.model}" if plan.model else "")
         + (", one context per request" if plan.shared_context else "")
-        + (f", dual cache refresh every {plan.refresh_every}" if plan.refresh_every > 1 else ", no KV cache")
+        + (", context computed at the first step only" if plan.refresh_every >= 1 << 20
+           else f", dual cache refresh every {plan.refresh_every}" if plan.refresh_every > 1
+           else ", no KV cache")
         + (f", measured {plan.measured_at}" if plan.measured_at else ""),
         f"{'context':>8} {'hole':>5} {'rows':>4} {'full ms':>8} {'cached ms':>9} {'ms/row':>7} "
         f"{'steps':>5} {'threshold':>9} {'predicted ms':>12}",

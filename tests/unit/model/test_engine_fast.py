@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from diffill.model.cache import infill_cached
-from diffill.model.engine import Engine, EngineOptions
+from diffill.model.engine import ONCE, Engine, EngineOptions
 from diffill.model.loader import LoadedModel
 from diffill.model.plan import BucketTiming, describe_plan, plan_from_timings
 from diffill.model.sampler import InfillCancelled, SamplerConfig, Strategy, infill
@@ -283,8 +283,8 @@ def test_default_sampler_takes_the_checkpoints_decode_block():
     lm = make_lm()
     assert Engine(lm).sampler.block is None
     lm.config = lm.config.replace(decode_block=2)
-    eng = Engine(lm)
-    assert eng.sampler.block == 2
+    eng = Engine(lm, options=ROW)  # the exact path, to compare with the sampler
+    assert eng.sampler.block == 2 and Engine(lm).sampler.block == 2
     pre, suf, lens = prompts(1, seed=2)[0]
     assert eng.infill(pre, suf, lengths=lens) == infill(
         lm.model, lm.config, pre, suf, SamplerConfig(block=2, lengths=lens))
@@ -293,22 +293,29 @@ def test_default_sampler_takes_the_checkpoints_decode_block():
 
 @pytest.mark.parametrize("shift", [False, True])
 def test_cpu_default_shares_one_context_per_request(shift):
-    """On a CPU the engine runs each request's rows against one context (cache.SharedContext):
-    the same results as the shared-context sampler, batched or not; exact where a request
-    has rows of one length; 'row' is the exact path."""
+    """On a CPU the engine runs each request's rows against one context (cache.SharedContext),
+    computed at the request's first step (refresh_context 'request'): the same results as the
+    shared-context sampler with no refresh, batched or not, a lone row included. With
+    refresh_context 'step' the context is recomputed every step: exact where a request has
+    rows of one length. 'row' is the exact path."""
     lm = make_lm(shift)
     eng = Engine(lm, SamplerConfig(steps=4))
-    assert eng.options.context == "auto" and eng.shared_context
-    assert not Engine(lm, options=ROW).shared_context
+    assert eng.options.context == "auto" and eng.shared_context and eng.refresh_every == ONCE
+    assert not Engine(lm, options=ROW).shared_context and Engine(lm, options=ROW).refresh_every == 1
     assert not Engine(lm, options=EngineOptions(cuda_graphs=True)).shared_context
+    step = Engine(lm, SamplerConfig(steps=4), options=EngineOptions(refresh_context="step"))
+    assert step.refresh_every == 1
     reqs = prompts(5, seed=3)
-    got = run_together(eng, reqs)
-    for (pre, suf, lens), res in zip(reqs, got, strict=True):
+    got, got_step = run_together(eng, reqs), run_together(step, reqs)
+    for (pre, suf, lens), res, res_step in zip(reqs, got, got_step, strict=True):
         sc = SamplerConfig(steps=4, lengths=lens)
-        want = infill_cached(lm.model, lm.config, pre, suf, sc, refresh_every=1, shared=True)
-        _assert_same(res, want)
+        _assert_same(res, infill_cached(lm.model, lm.config, pre, suf, sc, refresh_every=ONCE, shared=True))
+        _assert_same(res, eng.infill(pre, suf, lengths=lens))  # alone as in a batch
+        _assert_same(res_step, infill_cached(lm.model, lm.config, pre, suf, sc, refresh_every=1, shared=True))
         if len(lens) == 1:
-            _assert_same(res, infill(lm.model, lm.config, pre, suf, sc))
+            _assert_same(res_step, infill(lm.model, lm.config, pre, suf, sc))
+    with pytest.raises(ValueError):
+        EngineOptions(refresh_context="sometimes")
     with pytest.raises(ValueError):
         EngineOptions(context="document")
 
