@@ -244,6 +244,13 @@ def convert_to_gguf(folder: str | Path, out: str | Path | None = None, *,
 # -- the two sides, each in a worker process ------------------------------------------------------
 
 
+def _refresh_words(period: int) -> str:
+    """How the diffill side's context was refreshed, in words."""
+    if period >= 1 << 20:
+        return "context computed at the first step only"
+    return "context recomputed every step" if period <= 1 else f"context refreshed every {period} steps"
+
+
 def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
 
@@ -307,7 +314,8 @@ class DiffillSide:
     def info(self) -> dict[str, Any]:
         import torch  # the diffill worker's, already loaded
 
-        return {"weights": self.lm.weights, "refresh_every": self.engine.options.refresh_every,
+        # the engine's period (with one context per request: computed at the first step only)
+        return {"weights": self.lm.weights, "refresh_every": self.engine.refresh_every,
                 "dtype": str(self.lm.dtype).removeprefix("torch."),
                 "context": "request" if self.engine.shared_context else "row",
                 "reuse": self.reuse, "reuse_on": getattr(self.engine, "reuse_context", None),
@@ -510,8 +518,8 @@ def format_table(res: dict[str, Any]) -> str:
         f"{res['rows'][0]['diffill_context_tokens']} context tokens",
         f"llama.cpp: GGUF Q8_0 {res['gguf_mb']:.0f} MB, greedy, {res['n_gen']} tokens, "
         f"peak RSS {lc['peak_rss_mb']:.0f} MB",
-        f"diffill: {res['hole']}-slot hole, {res['steps']} steps, dual cache refresh every "
-        f"{d.get('refresh_every', 1)} (1: none), {d.get('weights')} weights, "
+        f"diffill: {res['hole']}-slot hole, {res['steps']} steps, {_refresh_words(d.get('refresh_every', 1))}, "
+        f"{d.get('weights')} weights, "
         f"context per {d.get('context')}, peak RSS {d['peak_rss_mb']:.0f} MB; {reuse}",
         f"{res['repeats']} repeats after {res['warmup']} warm-up, interleaved; keystroke = "
         f"{res['keystrokes']} typed characters per repeat; (c) llama.cpp = its cold request",
