@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-EXTRA = 'pip install "diffill[llamacpp]"'
+EXTRA = 'pip install -e ".[llamacpp]"'  # from the checkout (diffill is not on PyPI)
 HOLE_STATEMENT = "self.pushback = deque()"
 FILE_LINES = 72
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")  # Qwen2.5-Coder's FIM tokens

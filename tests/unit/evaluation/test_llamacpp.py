@@ -130,7 +130,7 @@ def test_vs_llamacpp_without_the_extra_names_it(monkeypatch, capsys, tmp_path):
     rc = cli_main(["bench", "--vs-llamacpp", "--model", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc != 0
-    assert 'pip install "diffill[llamacpp]"' in err and "llama_cpp" in err
+    assert 'pip install -e ".[llamacpp]"' in err and "llama_cpp" in err
 
 
 def test_reuse_keyword():
