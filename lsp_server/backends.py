@@ -119,6 +119,11 @@ class InfillEngine(Protocol):
         ...
 
 
+PLAN_FIT_CTX = 1024
+"""The background plan's largest measured context (the default ``contextTokens``): larger
+buckets come from its cost model, and the server's peak memory stays that of a request."""
+
+
 class LocalBackend:
     """The in-process model through :class:`diffill.model.engine.Engine`."""
 
@@ -277,9 +282,9 @@ class LocalBackend:
         try:
             plan = measure_plan(
                 eng.model, eng.config, budget_ms=eng.budget.budget_ms(), fit=True, rows=PLAN_ROWS,
-                refresh_every=eng.options.refresh_every, repeats=2, max_steps=eng.budget.max_steps,
+                refresh_every=eng.refresh_every, repeats=2, max_steps=eng.budget.max_steps,
                 statistic=min, model_name=str(getattr(eng.lm, "path", "")),
-                shared_context=eng.shared_context)
+                shared_context=eng.shared_context, fit_ctx=PLAN_FIT_CTX)
         except _PlanStopped:
             return
         except Exception as e:  # the provisional plan stays

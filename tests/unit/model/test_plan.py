@@ -221,3 +221,14 @@ def test_measure_plan_with_a_fit_times_two_buckets():
                    (128, 8): "fitted", (128, 16): "measured"}
     assert all(t.full_ms > 0 and t.rows == 2 and t.row_ms >= 0 for t in plan.timings)
     assert all(c.steps == 4 for c in plan.choices)
+
+
+def test_a_fit_measures_no_context_beyond_fit_ctx():
+    """``fit_ctx`` (the background plan on a CPU): the large point is the largest bucket of
+    at most that context; the larger contexts come from the cost model."""
+    model, cfg = _tiny()
+    plan = measure_plan(model, cfg, budget_ms=1e9, fit=True, ctx_buckets=(32, 64, 128),
+                        hole_buckets=(8, 16), rows=2, repeats=1, max_steps=4, fit_ctx=64)
+    src = {(t.ctx, t.hole): t.source for t in plan.timings}
+    assert [b for b, s in src.items() if s == "measured"] == [(64, 16)]
+    assert src[(128, 16)] == "fitted" and all(t.full_ms > 0 for t in plan.timings)
