@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import re
+import resource
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -482,6 +483,49 @@ def _pack_workers() -> int:
 _libc: Any = None
 
 
+#: address space a load needs beyond its files (threads' stacks, the tokenizer's tables,
+#: the first forward's buffers), for :func:`check_address_space`
+LOAD_MARGIN_BYTES = 256 << 20
+
+
+def _vm_size() -> int | None:
+    """This process's address space in bytes (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_address_space(folder: Path) -> None:
+    """Refuse a load that cannot fit under the process's address-space limit (``ulimit -v``,
+    RLIMIT_AS: a container or a user's cap) before any of it starts: the files' bytes plus
+    :data:`LOAD_MARGIN_BYTES` over what the process already maps. The native libraries that
+    read checkpoints and tokenizers (Rust: ``safetensors``, ``tokenizers``) abort the whole
+    process when an allocation fails instead of raising, so a load that runs out of address
+    space part-way would take the server with it. Raises MemoryError; no limit, or no
+    ``/proc``, checks nothing."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (OSError, ValueError):
+        return
+    if soft == resource.RLIM_INFINITY:
+        return
+    used = _vm_size()
+    if used is None:
+        return
+    files = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    need = files + LOAD_MARGIN_BYTES
+    if used + need > soft:
+        raise MemoryError(
+            f"{folder}: out of memory: loading needs about {need >> 20} MB more address space, "
+            f"and the process's limit (ulimit -v / RLIMIT_AS, {soft >> 20} MB) leaves "
+            f"{max(0, soft - used) >> 20} MB")
+
+
 def release_free_memory() -> None:
     """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; elsewhere nothing).
     The int8 load frees a tensor-sized temporary per weight on several threads, and glibc keeps
@@ -826,6 +870,7 @@ def load_model(
     # on a thread meanwhile: the weights do not depend on it. Its errors (and the recipe's)
     # still come first, as _validate orders them, and a model built meanwhile is dropped.
     cfg0, dialect = read_config(folder)
+    check_address_space(folder)
     with ThreadPoolExecutor(1, thread_name_prefix="diffill-tokenizer") as ex:
         tok_job = ex.submit(_tokenizer_phase, folder, cfg0, recipe)
         try:

@@ -150,10 +150,13 @@ def _big_checkpoint(like: Path, out: Path) -> Path:
 
 
 def test_out_of_memory_under_an_address_space_limit(model_dir: Path, tmp_path: Path):
-    """A real allocation failure: RLIMIT_AS is set on the running server (prlimit) to the
-    address space it already uses, then it is asked to load a bigger model. The load
-    fails for want of memory, the user is told, the server keeps answering; once the
-    limit is lifted, loading works again and so do completions."""
+    """A real address-space limit: RLIMIT_AS is set on the running server (prlimit) to the
+    address space it already uses, then it is asked to load a bigger model. The load is
+    refused for want of memory before it starts (model/loader.py check_address_space: the
+    Rust readers of safetensors and tokenizers abort the process on a failed allocation --
+    CI saw the server die with SIGABRT in the tokenizer's thread), the user is told, the
+    server keeps answering; once the limit is lifted, loading works again and so do
+    completions."""
     big = _big_checkpoint(model_dir, tmp_path / "big")
     c = start(model_dir, tmp_path)
     try:

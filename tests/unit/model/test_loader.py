@@ -313,3 +313,28 @@ def test_model_does_not_alias_the_file(tiny_ckpt):
     with torch.no_grad():
         assert torch.equal(lm.model(ids), ref(ids))
     assert lm.model.embed_tokens.weight.abs().sum() > 0
+
+
+def test_a_load_that_cannot_fit_under_the_address_space_limit_is_refused_first(tmp_path, monkeypatch):
+    """Under RLIMIT_AS (ulimit -v) a load that would not fit is refused with a MemoryError
+    before it starts: the Rust readers of checkpoints and tokenizers abort the process when
+    an allocation fails (seen as the server's SIGABRT in CI), they do not raise."""
+    import resource
+
+    from diffill.model import loader
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"\0" * (1 << 20))
+    used = 500 << 20
+    monkeypatch.setattr(loader, "_vm_size", lambda: used)
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    loader.check_address_space(folder)  # no limit: nothing checked
+    room = loader.LOAD_MARGIN_BYTES + (1 << 20)
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (used + room, resource.RLIM_INFINITY))
+    loader.check_address_space(folder)  # just fits
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (used + room - 1, resource.RLIM_INFINITY))
+    with pytest.raises(MemoryError, match=r"ckpt: out of memory: .*ulimit -v"):
+        loader.check_address_space(folder)
+    monkeypatch.setattr(loader, "_vm_size", lambda: None)  # no /proc: nothing checked
+    loader.check_address_space(folder)
