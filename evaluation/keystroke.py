@@ -27,18 +27,21 @@ import sys
 import time
 from typing import Any
 
+from .lsp_client import StdioClient
+
 COLD, KEY = "cold_ms", "keystroke_ms"
 
 
 def bench_keystrokes(model: str, text: str, row: int, col: int, typed: str, *,
                      env: dict[str, str] | None = None, device: str = "cpu",
-                     load_timeout: float = 900.0, log=print) -> dict[str, Any]:
+                     threads: int | None = None, load_timeout: float = 900.0,
+                     log=print) -> dict[str, Any]:
     """One server, one document: a completion at (row, col), then one after each character
     of ``typed`` is inserted at the cursor. Returns the times (ms), the server's ready time
     (start to ``diffill/status`` loaded) and its counters."""
-    from .commands.bench import StdioClient  # here: no import cycle with the command
 
-    argv = [sys.executable, "-m", "diffill.cli", "serve", "--model", model, "--device", device]
+    argv = [sys.executable, "-m", "diffill.cli", "serve", "--model", model, "--device", device,
+            *(["--threads", str(threads)] if threads else [])]
     t_start = time.monotonic()
     client = StdioClient(argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     try:

@@ -25,6 +25,10 @@ process (so each has its own threads and its peak RSS is its own):
     evaluated are read back from its own perf counters); diffill passes the engine's
     per-document reuse option when the engine has one (reported), otherwise runs each
     request from scratch.
+(d), (e) ``serve``: the cold request and the keystrokes again through a fresh
+    ``diffill serve`` per repeat (LSP over stdio, ``didChange`` per typed character; its
+    default options), against llama.cpp's (a) and (b) of the same run; keystrokes the
+    server's typed-ahead cache answers are reported apart.
 (c) ``draft``: diffill answered by a verified draft (the true middle's tokens as
     ``drafts``; the weights are random, so ``draft_ratio`` = 0 makes the draft verify as a
     trained model's would for a right draft: one forward). llama.cpp's cost for the same
@@ -50,6 +54,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from .keystroke import bench_keystrokes
 
 EXTRA = 'pip install -e ".[llamacpp]"'  # from the checkout (diffill is not on PyPI)
 HOLE_STATEMENT = "self.pushback = deque()"
@@ -414,9 +420,13 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, threads: int = 2,
                      steps: int = 4, hole: int = 16, refresh: int = 1, repeats: int = 3,
-                     keystrokes: int = 5,
+                     keystrokes: int = 5, serve: bool = True,
                      warmup: int = 1, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The benchmark (module doc); returns a JSON-able dict, :func:`format_table` renders it."""
+    """The benchmark (module doc); returns a JSON-able dict, :func:`format_table` renders it.
+    ``serve``: each timed repeat also runs the same cold request and keystrokes through a
+    fresh ``diffill serve`` (:func:`diffill.evaluation.keystroke.bench_keystrokes`, its
+    default options, ``threads`` threads), compared with llama.cpp's of the same run; a
+    keystroke the server's typed-ahead cache answers is counted apart."""
     require("llama_cpp")  # before minutes of conversion
     import torch  # the machine string; the parent has torch loaded (bench command)
 
@@ -454,6 +464,17 @@ def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, thr
                 for w in sides:
                     call(w, "keystroke", case.typed(k), False)
             call(diff, "draft", case, True, draft=True)
+            if serve and timed:
+                at = case.prefix.rfind("\n") + 1
+                got = bench_keystrokes(str(model_dir), case.prefix + case.suffix,
+                                       case.prefix.count("\n"), len(case.prefix) - at,
+                                       case.middle[:keystrokes], threads=threads,
+                                       log=lambda _m: None)
+                ms.setdefault(("serve_cold", "diffill"), []).append(got["cold_ms"])
+                for k, by_model in zip(got["keystroke_ms"], got["keystroke_by_model"], strict=True):
+                    key = "serve_keystroke" if by_model else "serve_cached"
+                    ms.setdefault((key, "diffill"), []).append(k)
+                ms.setdefault(("serve_ready", "diffill"), []).append(got["ready_s"] * 1e3)
             if timed:
                 log(f"repeat {r - warmup + 1}/{repeats}: " + ", ".join(
                     f"{s} {side} {ms[(s, side)][-1]:.0f} ms" for s, side in ms))
@@ -461,19 +482,25 @@ def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, thr
         infos = {w.side: w.close() for w in sides}
     load_after = os.getloadavg()
     rows = []
-    for scenario in ("cold", "keystroke", "draft"):
-        lsc = "cold" if scenario == "draft" else scenario  # llama.cpp's cost for the middle
+    scenarios = ["cold", "keystroke", "draft"]
+    scenarios += [s for s in ("serve_cold", "serve_keystroke") if (s, "diffill") in ms]
+    for scenario in scenarios:
+        # llama.cpp's cost for the same middle: its cold request for a draft, its own
+        # cold request / keystrokes for the server's
+        lsc = {"draft": "cold", "serve_cold": "cold", "serve_keystroke": "keystroke"}.get(
+            scenario, scenario)
         a, b = _stats(ms[(lsc, "llama.cpp")]), _stats(ms[(scenario, "diffill")])
         ld = detail[(lsc, "llama.cpp")]
+        dd = detail.get((scenario, "diffill")) or detail[(lsc, "diffill")]
         rows.append({
             "scenario": scenario, "llama_cpp": a, "diffill": b,
             "llama_over_diffill_p50": round(a["p50_ms"] / b["p50_ms"], 2),
             "llama_over_diffill_min": round(a["min_ms"] / b["min_ms"], 2),
             "llama_prompt_tokens": round(statistics.median(d["prompt_tokens"] for d in ld)),
             "llama_tokens_evaluated": round(statistics.median(d["evaluated"] for d in ld)),
-            "diffill_context_tokens": detail[(scenario, "diffill")][0]["prompt_tokens"],
-            "diffill_steps": [d["steps"] for d in detail[(scenario, "diffill")]],
-            "diffill_verified": sum(d["verified"] for d in detail[(scenario, "diffill")]),
+            "diffill_context_tokens": dd[0]["prompt_tokens"],
+            "diffill_steps": [d["steps"] for d in dd] if scenario in detail_keys(detail) else None,
+            "diffill_verified": sum(d["verified"] for d in dd) if scenario in detail_keys(detail) else None,
         })
     return {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -491,11 +518,22 @@ def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, thr
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in load_after]},
         "rows": rows,
+        "serve": None if ("serve_cold", "diffill") not in ms else {
+            "ready_ms": _stats(ms[("serve_ready", "diffill")]),
+            "cached_keystrokes": len(ms.get(("serve_cached", "diffill"), [])),
+            "cached_keystroke_ms": _stats(ms[("serve_cached", "diffill")])
+            if ("serve_cached", "diffill") in ms else None},
     }
 
 
+def detail_keys(detail: dict[tuple[str, str], Any]) -> set[str]:
+    """The scenarios measured by the diffill worker (not through the server)."""
+    return {scenario for scenario, side in detail if side == "diffill"}
+
+
 _TITLES = {"cold": "(a) cold request", "keystroke": "(b) next keystroke",
-           "draft": "(c) verified draft"}
+           "draft": "(c) verified draft", "serve_cold": "(d) serve: cold",
+           "serve_keystroke": "(e) serve: keystroke"}
 
 
 def format_table(res: dict[str, Any]) -> str:
@@ -532,4 +570,11 @@ def format_table(res: dict[str, Any]) -> str:
             f"{_TITLES[r['scenario']]:<22} {a['p50_ms']:>10.0f} ms {a['min_ms']:>7.0f} "
             f"{r['llama_tokens_evaluated']:>6} {b['p50_ms']:>8.0f} ms {b['min_ms']:>7.0f} "
             f"{r['llama_over_diffill_p50']:>17.2f} {r['llama_over_diffill_min']:>5.2f}")
+    sv = res.get("serve")
+    if sv:
+        cached = (f"; {sv['cached_keystrokes']} keystrokes answered by its typed-ahead cache, "
+                  f"p50 {sv['cached_keystroke_ms']['p50_ms']:.0f} ms" if sv["cached_keystrokes"] else "")
+        lines.append(f"(d)/(e) through a fresh `diffill serve` per repeat (ready p50 "
+                     f"{sv['ready_ms']['p50_ms'] / 1e3:.1f} s), (e) over the keystrokes that reached "
+                     f"the model{cached}; llama.cpp's figures are its own (a)/(b)")
     return "\n".join(lines)
