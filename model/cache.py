@@ -48,6 +48,9 @@ from .sampler import (
 )
 from .transformer import KVContext, Transformer, apply_rotary, rotary_cos_sin
 
+ONCE = 1 << 30
+"""A refresh period no request reaches: the context is computed at the first step only."""
+
 
 def active_block(canvas: Canvas, shift: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions recomputed on cached steps: (block_pos [L, NB] long, block_attn [L, NB] bool).

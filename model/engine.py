@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .cache import (
+    ONCE,
     DualCache,
     SharedContext,
     cached_steps,
@@ -101,7 +102,7 @@ from .plan import (
     measure_plan,
     plan_from_one_request,
 )
-from .reuse import ContextStore, ReusedContext, ReusePolicy, context_parts, plan_reuse
+from .reuse import ContextStore, ReusedContext, ReusePolicy
 from .runtime import ensure_cpu_threads
 from .sampler import (
     Canvas,
@@ -149,9 +150,6 @@ DEFAULT_CANDIDATES = 3
 
 REFRESH_CONTEXT_ENV = "DIFFILL_REFRESH_CONTEXT"
 """``step`` / ``request``: what ``EngineOptions(refresh_context='auto')`` means in this process."""
-
-ONCE = 1 << 30
-"""A refresh period no request reaches: the context is computed at the first step only."""
 
 REUSE_ENV = "DIFFILL_REUSE"
 """``on`` / ``off``: what ``EngineOptions(reuse='auto')`` means in this process (unset: on
@@ -689,15 +687,15 @@ class Engine:
                 # mask-free kernels (one host check before the loop)
                 cv = cv._replace(attn=None)
             groups = context_groups(cv) if self.shared_context else None
+            period = self.refresh_every
             key = batch[0].context_key if len(batch) == 1 and self.reuse_context else None
             if key is not None and groups is not None:
-                kept_by = self._reusing_steps(key, cv, spec, groups)
+                kept_by = self._reusing_steps(key, cv, spec, groups, period)
                 stepper = kept_by[1]
             elif groups is not None and bool((groups != torch.arange(len(groups), device=dev)).any()):
-                stepper = shared_steps(self.model, cv, spec, refresh_every=self.refresh_every,
-                                       groups=groups)
-            elif self.refresh_every > 1:  # a row per request: the same refresh rule
-                stepper = cached_steps(self.model, cv, spec, refresh_every=self.refresh_every)
+                stepper = shared_steps(self.model, cv, spec, refresh_every=period, groups=groups)
+            elif period > 1:  # a row per request: the same refresh rule
+                stepper = cached_steps(self.model, cv, spec, refresh_every=period)
             else:
                 stepper = EagerSteps(self.model, spec)
         out = run_steps(stepper, cv, state, rows, spec, [r.cancel for r in batch],
@@ -708,26 +706,15 @@ class Engine:
         return collect(out, len(batch), spec.terminators)
 
     def _reusing_steps(self, key: str, cv: Canvas, spec: StepSpec, groups: torch.Tensor,
-                       ) -> tuple[SharedContext, Stepper, bool]:
+                       period: int) -> tuple[SharedContext, Stepper, bool]:
         """The stepper of a lone request of document ``key``: from the document's kept
-        context where the policy allows (:func:`~diffill.model.reuse.plan_reuse`), else one
-        context per request as usual, kept for the next request. Returns (the cache, the
-        stepper, whether the context was reused)."""
-        store = self._contexts
-        cache: SharedContext = SharedContext(self.model, cv, shift=spec.shift,
-                                             refresh_every=self.refresh_every, groups=groups)
-        kept = store.get(key)
-        plan = None
-        if kept is not None:
-            r = int(cache.rep[0])
-            prefix, suffix, at = context_parts(cv.ids[r], cache.ctx_pos[r], int(cache.block_pos[r, 0]))
-            plan = plan_reuse(kept, prefix, suffix, at, store.policy, cv.ids.device)
-        if plan is not None:
-            cache = ReusedContext(self.model, cv, shift=spec.shift, kept=kept, plan=plan, groups=groups)
-            store.reused += 1
-            store.recomputed_tokens += int(plan.recomputed.numel())
-        else:
-            store.computed += 1
+        context where the policy allows (:meth:`~diffill.model.reuse.ContextStore.plan`), else
+        one context per request as usual (refreshed every ``period`` steps), kept for the
+        next request. Returns (the cache, the stepper, whether the context was reused)."""
+        kept, plan = self._contexts.plan(key, cv, spec.shift, groups)
+        cache = (SharedContext(self.model, cv, shift=spec.shift, refresh_every=period, groups=groups)
+                 if plan is None else
+                 ReusedContext(self.model, cv, shift=spec.shift, kept=kept, plan=plan, groups=groups))
         return cache, EagerSteps(cache, spec, on_drop=cache.select_rows), plan is not None
 
     def _graphs_for(self, cv: Canvas, spec: StepSpec) -> _StepGraphs:
@@ -806,7 +793,7 @@ class _StepGraphs:
         self.cv = Canvas(*(t.clone() for t in cv))
         self.state = initial_state(self.cv)
         self.steps_left = torch.ones((cv.ids.shape[0],), dtype=torch.long, device=cv.ids.device)
-        self.cache = (DualCache(model, self.cv, shift=spec.shift, refresh_every=1 << 30)
+        self.cache = (DualCache(model, self.cv, shift=spec.shift, refresh_every=ONCE)
                       if refresh_every > 1 else None)
         self.graphs: dict[bool, Any] = {}
         self.capture = capture

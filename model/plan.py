@@ -87,7 +87,7 @@ from typing import Any
 import msgspec
 import torch
 
-from .cache import DualCache, SharedContext, infill_cached
+from .cache import ONCE, DualCache, SharedContext, infill_cached
 from .sampler import (
     DenoiseState,
     SamplerConfig,
@@ -298,7 +298,7 @@ def describe_plan(plan: StepPlan) -> str:
         f"step plan: budget {plan.budget_ms:g} ms, {plan.device} {plan.dtype}"
         + (f", model {plan.model}" if plan.model else "")
         + (", one context per request" if plan.shared_context else "")
-        + (", context computed at the first step only" if plan.refresh_every >= 1 << 20
+        + (", context computed at the first step only" if plan.refresh_every >= ONCE
            else f", dual cache refresh every {plan.refresh_every}" if plan.refresh_every > 1
            else ", no KV cache")
         + (f", measured {plan.measured_at}" if plan.measured_at else ""),
@@ -447,7 +447,7 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
     block = full
     if refresh_every > 1:
         kind = SharedContext if shared else DualCache
-        fwd = kind(model, cv, shift=cfg.shift_logits, refresh_every=1 << 30)
+        fwd = kind(model, cv, shift=cfg.shift_logits, refresh_every=ONCE)
         denoise_step(fwd, cv, fresh(), 2, spec)  # the refresh
         block = statistic(time_ms(lambda: denoise_step(fwd, cv, fresh(), 2, spec), dev,
                                   warmup=warmup, repeats=repeats))

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .cache import SharedContext, shift_keys
+from .cache import ONCE, SharedContext, active_block, context_positions, shift_keys
 from .sampler import Canvas
 from .transformer import KVContext
 
@@ -170,22 +170,22 @@ class ReusedContext(SharedContext):
 
     def __init__(self, model: Any, canvas: Canvas, *, shift: bool, kept: Kept, plan: ReusePlan,
                  groups: torch.Tensor | None = None) -> None:
-        super().__init__(model, canvas, shift=shift, refresh_every=1 << 30, groups=groups)
+        super().__init__(model, canvas, shift=shift, refresh_every=ONCE, groups=groups)
         if torch.unique(self.rep).numel() != 1:
             raise ValueError("a reused context serves a batch of one request")
         self.kept, self.plan = kept, plan
 
     def _context_forward(self, ids: torch.Tensor, attn: torch.Tensor | None, reps: torch.Tensor,
                          ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        if self.refreshes > 1:  # not reached with the period set above; kept for clarity
-            return super()._context_forward(ids, attn, reps)
+        # the only refresh (period ONCE): the first call
         r = int(reps[0])
         plan = self.plan
         ext = torch.cat((plan.recomputed, self.block_pos[r]))  # [E] canvas positions
+        moved = bool((plan.delta != 0).any())
         ctx = []
         for k, v in self.kept.kv:
             k_old, v_old = k[:, plan.source][None], v[:, plan.source][None]  # [1, Hkv, R, Dh]
-            if bool((plan.delta != 0).any()):
+            if moved:
                 k_old = shift_keys(k_old, plan.delta[None], self.head_dim, self.theta)
             ctx.append((k_old, v_old))
         ext_mask = None if self.block_attn is None else torch.cat(
@@ -221,6 +221,26 @@ class ContextStore:
         if kept is not None:
             self._kept.move_to_end(key)
         return kept
+
+    def plan(self, key: str, canvas: Canvas, shift: bool, groups: torch.Tensor,
+             ) -> tuple[Kept | None, ReusePlan | None]:
+        """The kept context of document ``key`` and the plan for ``canvas`` (a batch of one
+        request; ``groups``: its :func:`~diffill.model.cache.context_groups`) to start from
+        it, or (kept, None) when it must be computed in full; counted in :meth:`stats`."""
+        kept = self.get(key)
+        plan = None
+        if kept is not None:
+            r = int(groups[0])  # one request: every row's representative
+            block, _ = active_block(canvas.rows(groups[:1]), shift)
+            ctx_pos = context_positions(canvas.ids.shape[1], block)[0]
+            prefix, suffix, at = context_parts(canvas.ids[r], ctx_pos, int(block[0, 0]))
+            plan = plan_reuse(kept, prefix, suffix, at, self.policy, canvas.ids.device)
+        if plan is None:
+            self.computed += 1
+        else:
+            self.reused += 1
+            self.recomputed_tokens += int(plan.recomputed.numel())
+        return kept, plan
 
     def put(self, key: str, shared: SharedContext, *, reused: bool) -> None:
         """Keep the context ``shared`` last handed out (nothing when it has none)."""
