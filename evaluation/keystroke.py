@@ -18,18 +18,53 @@ each keystroke is marked by whether it reached the model (``diffill/status``
 from __future__ import annotations
 
 import argparse
-import inspect
+import dataclasses
 import json
 import os
 import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from .lsp_client import StdioClient
 
 COLD, KEY = "cold_ms", "keystroke_ms"
+HOLE_STATEMENT = "self.pushback = deque()"
+FILE_LINES = 72
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    prefix: str
+    middle: str
+    suffix: str
+    line: int  # 1-based line number of the hole
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        """The hole's (0-based line, character): the end of the prefix."""
+        return self.prefix.count("\n"), len(self.prefix) - self.prefix.rfind("\n") - 1
+
+    def typed(self, k: int) -> Case:
+        """The same hole after the user typed the middle's first ``k`` characters."""
+        return Case(self.prefix + self.middle[:k], self.middle[k:], self.suffix, self.line)
+
+
+def shlex_case(text: str | None = None, lines: int = FILE_LINES,
+               statement: str = HOLE_STATEMENT) -> Case:
+    """The benchmark's file: the first ``lines`` lines of ``text`` (default: this Python's
+    ``shlex.py``) with the line holding ``statement`` emptied after its indentation."""
+    if text is None:
+        text = Path(shlex.__file__).read_text(encoding="utf-8")
+    kept = text.splitlines(keepends=True)[:lines]
+    for i, line in enumerate(kept):
+        if line.strip() == statement:
+            indent = line[: len(line) - len(line.lstrip())]
+            return Case("".join(kept[:i]) + indent, statement,
+                        line[len(indent) + len(statement):] + "".join(kept[i + 1:]), i + 1)
+    raise ValueError(f"no line {statement!r} in the first {lines} lines")
 
 
 def bench_keystrokes(model: str, text: str, row: int, col: int, typed: str, *,
@@ -45,17 +80,8 @@ def bench_keystrokes(model: str, text: str, row: int, col: int, typed: str, *,
     t_start = time.monotonic()
     client = StdioClient(argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     try:
-        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
-                                      "capabilities": {"general": {"positionEncodings": ["utf-16"]}}})
-        client.notify("initialized", {})
-        status: dict[str, Any] = {}
-        while time.monotonic() - t_start < load_timeout:
-            status = client.request("diffill/status", None) or {}
-            if status.get("loaded") or status.get("error"):
-                break
-            time.sleep(0.1)
-        if not status.get("loaded"):
-            raise RuntimeError(f"server did not load the model: {status.get('error')}")
+        client.initialize()
+        client.wait_loaded(load_timeout)
         ready_s = time.monotonic() - t_start
         uri = "file:///bench/keystrokes.py"
         client.notify("textDocument/didOpen", {"textDocument": {
@@ -128,13 +154,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    lines = inspect.getsource(shlex).splitlines(keepends=True)[:72]
-    row = next(i for i, ln in enumerate(lines) if ln.strip() == "self.pushback = deque()")
-    line = lines[row]
-    indent = line[: len(line) - len(line.lstrip())]
-    typed = line.strip()[:5]
-    text = "".join(lines[:row]) + indent + "\n" + "".join(lines[row + 1:])
-    res = compare_reuse(args.model, text, row, len(indent), typed, repeats=args.repeats)
+    case = shlex_case()
+    res = compare_reuse(args.model, case.prefix + case.suffix, *case.cursor, case.middle[:5],
+                        repeats=args.repeats)
     print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -22,9 +22,9 @@ process (so each has its own threads and its peak RSS is its own):
 (b) ``keystroke``: after the cold request the user types the middle's first 5 characters,
     one at a time, and each keystroke asks for a completion. llama.cpp keeps the KV of the
     longest common token prefix with its previous call (``Llama.generate``; the tokens it
-    evaluated are read back from its own perf counters); diffill passes the engine's
-    per-document reuse option when the engine has one (reported), otherwise runs each
-    request from scratch.
+    evaluated are read back from its own perf counters); diffill passes the document to
+    ``Engine.infill(context_key=...)``, whose context the engine keeps across keystrokes
+    (on a CPU, unless ``DIFFILL_REUSE=off``; reported).
 (d), (e) ``serve``: the cold request and the keystrokes again through a fresh
     ``diffill serve`` per repeat (LSP over stdio, ``didChange`` per typed character; its
     default options), against llama.cpp's (a) and (b) of the same run; keystrokes the
@@ -55,16 +55,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .keystroke import bench_keystrokes
+from .keystroke import FILE_LINES, Case, bench_keystrokes, shlex_case
 
 EXTRA = 'pip install -e ".[llamacpp]"'  # from the checkout (diffill is not on PyPI)
-HOLE_STATEMENT = "self.pushback = deque()"
-FILE_LINES = 72
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")  # Qwen2.5-Coder's FIM tokens
 CACHE_DIR = Path("~/.cache/diffill-bench")
 GGUF_FORMAT = 1  # bump when the conversion changes: the cache key includes it
 #: diffill Engine keywords that would name a document whose context is kept between requests
-REUSE_KEYWORDS = ("reuse", "doc", "context_key", "doc_key", "document")
+REUSE_KEYWORDS = ("context_key",)
 
 
 class MissingExtra(RuntimeError):
@@ -81,33 +79,6 @@ def require(module: str) -> Any:
 
 
 # -- the request -------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    prefix: str
-    middle: str
-    suffix: str
-    line: int  # 1-based line number of the hole
-
-    def typed(self, k: int) -> Case:
-        """The same hole after the user typed the middle's first ``k`` characters."""
-        return Case(self.prefix + self.middle[:k], self.middle[k:], self.suffix, self.line)
-
-
-def shlex_case(text: str | None = None, lines: int = FILE_LINES,
-               statement: str = HOLE_STATEMENT) -> Case:
-    """The benchmark's file: the first ``lines`` lines of ``text`` (default: this Python's
-    ``shlex.py``) with the line holding ``statement`` emptied after its indentation."""
-    if text is None:
-        text = Path(shlex.__file__).read_text(encoding="utf-8")
-    kept = text.splitlines(keepends=True)[:lines]
-    for i, line in enumerate(kept):
-        if line.strip() == statement:
-            indent = line[: len(line) - len(line.lstrip())]
-            return Case("".join(kept[:i]) + indent, statement,
-                        line[len(indent) + len(statement):] + "".join(kept[i + 1:]), i + 1)
-    raise ValueError(f"no line {statement!r} in the first {lines} lines")
 
 
 def fim_prompt(case: Case) -> str:
@@ -324,7 +295,7 @@ class DiffillSide:
         return {"weights": self.lm.weights, "refresh_every": self.engine.refresh_every,
                 "dtype": str(self.lm.dtype).removeprefix("torch."),
                 "context": "request" if self.engine.shared_context else "row",
-                "reuse": self.reuse, "reuse_on": getattr(self.engine, "reuse_context", None),
+                "reuse": self.reuse, "reuse_on": self.engine.reuse_context,
                 "torch_threads": torch.get_num_threads(), "peak_rss_mb": _peak_rss_mb(),
                 "engine_stats": {k: v for k, v in self.engine.stats().items()
                                  if "latenc" not in k}}
@@ -465,9 +436,7 @@ def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, thr
                     call(w, "keystroke", case.typed(k), False)
             call(diff, "draft", case, True, draft=True)
             if serve and timed:
-                at = case.prefix.rfind("\n") + 1
-                got = bench_keystrokes(str(model_dir), case.prefix + case.suffix,
-                                       case.prefix.count("\n"), len(case.prefix) - at,
+                got = bench_keystrokes(str(model_dir), case.prefix + case.suffix, *case.cursor,
                                        case.middle[:keystrokes], threads=threads,
                                        log=lambda _m: None)
                 ms.setdefault(("serve_cold", "diffill"), []).append(got["cold_ms"])
@@ -491,7 +460,8 @@ def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, thr
             scenario, scenario)
         a, b = _stats(ms[(lsc, "llama.cpp")]), _stats(ms[(scenario, "diffill")])
         ld = detail[(lsc, "llama.cpp")]
-        dd = detail.get((scenario, "diffill")) or detail[(lsc, "diffill")]
+        own = detail.get((scenario, "diffill"))  # None: measured through the server
+        dd = own or detail[(lsc, "diffill")]
         rows.append({
             "scenario": scenario, "llama_cpp": a, "diffill": b,
             "llama_over_diffill_p50": round(a["p50_ms"] / b["p50_ms"], 2),
@@ -499,8 +469,8 @@ def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, thr
             "llama_prompt_tokens": round(statistics.median(d["prompt_tokens"] for d in ld)),
             "llama_tokens_evaluated": round(statistics.median(d["evaluated"] for d in ld)),
             "diffill_context_tokens": dd[0]["prompt_tokens"],
-            "diffill_steps": [d["steps"] for d in dd] if scenario in detail_keys(detail) else None,
-            "diffill_verified": sum(d["verified"] for d in dd) if scenario in detail_keys(detail) else None,
+            "diffill_steps": [d["steps"] for d in own] if own else None,
+            "diffill_verified": sum(d["verified"] for d in own) if own else None,
         })
     return {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -525,10 +495,6 @@ def run_side_by_side(model_dir: str, *, gguf_file: str | Path | None = None, thr
             if ("serve_cached", "diffill") in ms else None},
     }
 
-
-def detail_keys(detail: dict[tuple[str, str], Any]) -> set[str]:
-    """The scenarios measured by the diffill worker (not through the server)."""
-    return {scenario for scenario, side in detail if side == "diffill"}
 
 
 _TITLES = {"cold": "(a) cold request", "keystroke": "(b) next keystroke",

@@ -5,6 +5,7 @@ their own raw client (tests/e2e/_lsp_raw.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -70,6 +71,27 @@ class StdioClient:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg.get("result")
+
+    def initialize(self) -> Any:
+        """``initialize`` (UTF-16 positions), then ``initialized``; the server's answer."""
+        res = self.request("initialize", {"processId": os.getpid(), "rootUri": None,
+                                          "capabilities": {"general": {"positionEncodings": ["utf-16"]}}})
+        self.notify("initialized", {})
+        return res
+
+    def wait_loaded(self, timeout: float, poll_s: float = 0.1) -> dict[str, Any]:
+        """Poll ``diffill/status`` until the model is loaded; the last status. RuntimeError
+        when the server reports a load error, or ``timeout`` seconds pass first."""
+        end = time.monotonic() + timeout
+        status: dict[str, Any] = {}
+        while time.monotonic() < end:
+            status = self.request("diffill/status", None) or {}
+            if status.get("loaded") or status.get("error"):
+                break
+            time.sleep(poll_s)
+        if not status.get("loaded"):
+            raise RuntimeError(f"server did not load the model: {status.get('error')}")
+        return status
 
     def close(self) -> None:
         try:

@@ -223,7 +223,7 @@ class LocalBackend:
         try:
             eng.plan = provisional_plan(
                 ms, tokens, eng.budget.budget_ms(), rows=PLAN_ROWS, shared_context=eng.shared_context,
-                limit=eng.config.max_position_embeddings, refresh_every=eng.options.refresh_every,
+                limit=eng.config.max_position_embeddings, refresh_every=eng.refresh_every,
                 max_steps=eng.budget.max_steps, device=str(eng.device),
                 dtype=str(eng.dtype).removeprefix("torch."), model=str(getattr(eng.lm, "path", "")))
         except NoBucketFits:

@@ -40,6 +40,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import struct
 import threading
@@ -179,7 +180,6 @@ class CacheReader:
         except (KeyError, ValueError, TypeError, AttributeError) as e:
             raise CacheInvalid(f"{path}: no usable checksums ({e})") from None
         self._spans: dict[str, tuple[int, int]] = {}
-        end = 0
         for name, (dtype, shape) in expected.items():
             h = header.get(name)
             if not isinstance(h, dict):
@@ -188,11 +188,10 @@ class CacheReader:
                 raise CacheInvalid(f"{path}: tensor {name!r} is {h.get('dtype')} {h.get('shape')}, "
                                    f"expected {_CODES[dtype]} {list(shape)}")
             begin, stop = h.get("data_offsets", (0, -1))
-            nbytes = dtype.itemsize * _numel(shape)
+            nbytes = dtype.itemsize * math.prod(shape)
             if stop - begin != nbytes or begin < 0 or name not in self._crcs:
                 raise CacheInvalid(f"{path}: tensor {name!r} has a bad extent or no checksum")
             self._spans[name] = (self._base + begin, nbytes)
-            end = max(end, stop)
         ends = [h["data_offsets"][1] for h in header.values()
                 if isinstance(h, dict) and isinstance(h.get("data_offsets"), list)]
         size = path.stat().st_size
@@ -222,15 +221,6 @@ class CacheReader:
                            out=scratch(nbytes) if reuse else None)
         self.check(name, crc)
         return t
-
-    def read_rows(self, name: str, lo: int, hi: int, crc: int = 0) -> tuple[torch.Tensor, int]:
-        """Rows ``lo:hi`` of tensor ``name`` read into own memory, and the CRC continued from
-        ``crc`` (reading every row in order and :meth:`check` ing the result checks it)."""
-        dtype, shape = self.expected[name]
-        offset, nbytes = self._spans[name]
-        row = nbytes // shape[0] if shape[0] else 0
-        return read_into(self._fd, offset + lo * row, (hi - lo) * row, dtype,
-                         (hi - lo, *shape[1:]), crc)
 
     def check(self, name: str, crc: int) -> None:
         """Raise :class:`CacheInvalid` unless ``crc`` is tensor ``name``'s CRC."""
@@ -303,13 +293,6 @@ class FileEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, rows read from {self.path}"
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
 class CacheWriter:
     """Writes a cache file tensor by tensor, in the order of ``layout`` (name -> (dtype,
     shape)), to a temporary file renamed into place by :meth:`finish`; a tensor may come in
@@ -324,7 +307,7 @@ class CacheWriter:
         header: dict[str, Any] = {}
         off = 0
         for name, (dtype, shape) in layout.items():
-            n = dtype.itemsize * _numel(shape)
+            n = dtype.itemsize * math.prod(shape)
             header[name] = {"dtype": _CODES[dtype], "shape": list(shape), "data_offsets": [off, off + n]}
             off += n
         self._header = header

@@ -297,18 +297,9 @@ def bench_lsp(model: str, n: int, *, device: str = "cpu", log=print,
             "--device", device]
     client = StdioClient(argv, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
-                                      "capabilities": {"general": {"positionEncodings": ["utf-16"]}}})
-        client.notify("initialized", {})
+        client.initialize()
         t0 = time.monotonic()
-        status: dict[str, Any] = {}
-        while time.monotonic() - t0 < load_timeout:
-            status = client.request("diffill/status", None) or {}
-            if status.get("loaded") or status.get("error"):
-                break
-            time.sleep(0.2)
-        if not status.get("loaded"):
-            raise RuntimeError(f"server did not load the model: {status.get('error')}")
+        client.wait_loaded(load_timeout, poll_s=0.2)
         log(f"LSP server loaded the model in {time.monotonic() - t0:.1f} s")
         text = _bench_document(max(n, 1))
         uri = "file:///bench/example.py"
