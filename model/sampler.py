@@ -359,6 +359,14 @@ def token_scores(
     Returns (token [...] long, score [...] float, logp [...] float): the predicted
     token, its strategy score (higher = more confident) and its untempered log-prob.
     """
+    tok, score, logp, _ = _token_scores(logits, strategy, temperature, noise)
+    return tok, score, logp
+
+
+def _token_scores(
+    logits: torch.Tensor, strategy: Strategy, temperature: float, noise: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`token_scores` and the untempered log-probs of the whole vocabulary [..., V]."""
     logp_all = torch.log_softmax(logits, dim=-1)
     if temperature > 0:
         scaled = logits / temperature
@@ -380,7 +388,62 @@ def token_scores(
         score = torch.exp((q * logq.clamp_min(-1e30)).sum(-1))  # exp(-H)
     else:  # pragma: no cover
         raise ValueError(f"unknown strategy {strategy}")
-    return tok, score, logp_all.gather(-1, tok[..., None])[..., 0]
+    return tok, score, logp_all.gather(-1, tok[..., None])[..., 0], logp_all
+
+
+SCORE_BYTES = 32 << 20
+"""The most fp32 logits one step holds at once: the LM head and the scoring run over a
+batch's hole slots in pieces of at most this many bytes (:func:`score_slots`). Whole, the
+``[rows x slots x vocab]`` logits and their log-softmax were the peak of a CPU request: 3
+rows x 64 slots x 152k on the 0.5B shape is 117 MB each, ~250 MB over the weights."""
+
+
+class SlotScores(NamedTuple):
+    """What one step reads from the head at every hole slot [L, N]: the predicted token, its
+    strategy score and untempered log-prob; for draft verification (else None) the best
+    log-prob, the log-prob of the draft's token and of each terminator [L, N, K]."""
+
+    tok: torch.Tensor
+    score: torch.Tensor
+    logp: torch.Tensor
+    top: torch.Tensor | None = None
+    lp_draft: torch.Tensor | None = None
+    lp_terms: torch.Tensor | None = None
+
+
+def score_slots(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, spec: StepSpec,
+                noise: torch.Tensor | None = None, draft_ids: torch.Tensor | None = None, *,
+                max_bytes: int = SCORE_BYTES) -> SlotScores:
+    """:func:`token_scores` of ``head(h)`` (h [L, N, D]; the mask id banned), computed over the
+    slots in pieces of at most ``max_bytes`` of fp32 logits (the first piece is 16 slots: the
+    vocabulary is known after it), so the whole ``[L, N, V]`` is never held. Each slot's
+    scores depend on its own logits only, so the pieces give what one piece would (the
+    reference: ``max_bytes`` larger than the batch). ``draft_ids`` [L, N]: the token whose
+    log-prob each slot reports for :func:`accept_drafts` (drafts only)."""
+    L, N, D = h.shape
+    flat = h.reshape(L * N, D)
+    nz = None if noise is None else noise.reshape(L * N, -1)
+    ds = None if draft_ids is None else draft_ids.reshape(L * N, 1)
+    terms = torch.tensor(spec.terminators, device=h.device) if ds is not None else None
+    parts: list[tuple[torch.Tensor, ...]] = []
+    start, size = 0, 16
+    while start < L * N:
+        stop = min(start + size, L * N)
+        logits = head(flat[start:stop]).float()  # [c, V]
+        logits[:, spec.mask_id] = float("-inf")
+        tok, score, lp, logp_all = _token_scores(logits, spec.strategy, spec.temperature,
+                                                 None if nz is None else nz[start:stop])
+        part: tuple[torch.Tensor, ...] = (tok, score, lp)
+        if ds is not None:
+            part += (logp_all.max(-1).values, logp_all.gather(-1, ds[start:stop])[:, 0],
+                     logp_all.index_select(-1, terms))
+        parts.append(part)
+        vocab = logits.shape[-1]
+        del logits, logp_all
+        start, size = stop, max(1, max_bytes // (4 * vocab))
+    cols = [torch.cat(c) for c in zip(*parts, strict=True)]
+    shaped = [c.reshape(L, N, *c.shape[1:]) for c in cols]
+    return SlotScores(*shaped)
 
 
 # --------------------------------------------------------------------------- fast path
@@ -578,29 +641,44 @@ class DraftRows(NamedTuple):
         return DraftRows(self.tokens[idx], self.length[idx])
 
 
+def draft_ids(draft: DraftRows) -> torch.Tensor:
+    """[L, N]: the draft's token at its slots ``j < m``, 0 elsewhere (a valid id to read)."""
+    slot = torch.arange(draft.tokens.shape[1], device=draft.tokens.device)[None, :]
+    return torch.where(slot < draft.length[:, None], draft.tokens,
+                       torch.zeros_like(draft.tokens)).clamp_min(0)
+
+
 def verify_drafts(logits: torch.Tensor, draft: DraftRows, spec: StepSpec
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verification rule (module doc, *Drafts*) on one step's logits [L, N, V] (fp32,
-    mask id -inf) of canvases whose hole is all masked.
+    """:func:`accept_drafts` on one step's whole logits [L, N, V] (fp32, mask id -inf): the
+    slow reference of the pieces :func:`score_slots` reads."""
+    logp_all = torch.log_softmax(logits, dim=-1)
+    terms = torch.tensor(spec.terminators, device=logits.device)
+    return accept_drafts(logp_all.max(-1).values,
+                         logp_all.gather(-1, draft_ids(draft)[..., None])[..., 0],
+                         logp_all.index_select(-1, terms), draft, spec)
+
+
+def accept_drafts(top: torch.Tensor, lp_draft: torch.Tensor, lp_terms: torch.Tensor,
+                  draft: DraftRows, spec: StepSpec
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verification rule (module doc, *Drafts*) on one step of canvases whose hole is all
+    masked, from each slot's best log-prob ``top`` [L, N], the log-prob of the draft's token
+    ``lp_draft`` [L, N] (:func:`draft_ids`) and of each terminator ``lp_terms`` [L, N, K].
 
     Slot ``j < m`` agrees when ``log p(d_j) >= log p(top_j) + log(draft_ratio)``; slot ``m``
     (the end of the middle) when the likeliest terminator clears the same bar. The accepted
     run is the agreeing slots from slot 0 up to the first disagreeing one. Returns (sel [L, N]
     bool: the run's slots of draft rows, tok [L, N]: the draft tokens and at slot ``m`` the
     likeliest terminator, logp [L, N]: their log-probs)."""
-    logp_all = torch.log_softmax(logits, dim=-1)
-    top = logp_all.max(-1).values  # [L, N]
     bar = top + (math.log(spec.draft_ratio) if spec.draft_ratio > 0 else float("-inf"))
     L, N = top.shape
-    slot = torch.arange(N, device=logits.device)[None, :]
+    slot = torch.arange(N, device=top.device)[None, :]
     m = draft.length[:, None]  # [L, 1]
-    d = torch.where(slot < m, draft.tokens, torch.zeros_like(draft.tokens)).clamp_min(0)
-    lp_d = logp_all.gather(-1, d[..., None])[..., 0]
-    terms = torch.tensor(spec.terminators, device=logits.device)
-    lp_terms = logp_all.index_select(-1, terms)  # [L, N, K]
+    terms = torch.tensor(spec.terminators, device=top.device)
     lp_end, which = lp_terms.max(-1)  # ties: the first terminator listed
-    tok = torch.where(slot < m, d, terms[which])
-    lp = torch.where(slot < m, lp_d, lp_end)
+    tok = torch.where(slot < m, draft_ids(draft), terms[which])
+    lp = torch.where(slot < m, lp_draft, lp_end)
     agree = (lp >= bar) & (slot <= m)
     run = agree.long().cumprod(1).sum(1)  # [L] slots accepted from slot 0
     sel = (slot < run[:, None]) & (m >= 0)
@@ -650,9 +728,8 @@ def denoise_step(
         logp = torch.where(sel, res.logp, logp)
         masked = masked & ~sel
     else:
-        logits = model.head(h).float()  # [L, N, V]
-        logits[..., spec.mask_id] = float("-inf")
-        tok, score, tok_logp = token_scores(logits, spec.strategy, spec.temperature, noise)
+        sc = score_slots(model.head, h, spec, noise, None if draft is None else draft_ids(draft))
+        tok, score, tok_logp = sc.tok, sc.score, sc.logp
         if spec.threshold is not None:
             k = torch.maximum(k, ((score > spec.threshold) & elig).sum(1))
         score = score.masked_fill(~elig, float("-inf"))
@@ -662,7 +739,7 @@ def denoise_step(
         )
         sel = (rank < k[:, None]) & elig  # [L, N]
         if draft is not None:  # the draft's accepted run is committed too, as the draft wrote it
-            dsel, dtok, dlp = verify_drafts(logits, draft, spec)
+            dsel, dtok, dlp = accept_drafts(sc.top, sc.lp_draft, sc.lp_terms, draft, spec)
             dsel &= masked
             sel |= dsel
             tok = torch.where(dsel, dtok, tok)

@@ -210,7 +210,9 @@ def test_one_batched_forward_per_step_and_head_only_at_hole():
     res = infill(m, mock_cfg(), PREFIX, SUFFIX, sc, dedup=False)
     assert len(m.canvases) == 4  # min(steps, max n) forwards, all three lengths in each
     assert all(len(c) == 3 for c in m.canvases)
-    assert set(m.head_shapes) == {(3, 8, V)}  # [L, N, V]: hole slots only
+    # hole slots only: L x N = 3 x 8 head rows a step (in pieces: score_slots)
+    assert all(len(s) == 2 and s[1] == V for s in m.head_shapes)
+    assert sum(s[0] for s in m.head_shapes) == 4 * 3 * 8
     assert sorted(r.length for r in res) == [2, 5, 8]
     for r in res:
         assert r.ids == list(range(r.length))
@@ -596,3 +598,50 @@ def test_padded_canvas_gives_the_same_steps():
     assert torch.isfinite(b.logp).all()
     with pytest.raises(ValueError):
         pad_canvas(cv, sp.pad, T=T, N=N + 1)
+
+
+# --------------------------------------------------------------------------- scoring in pieces
+
+
+@pytest.mark.parametrize("strategy", ["confidence", "margin", "entropy"])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_scores_in_pieces_are_the_whole_tensors(strategy, temperature):
+    """score_slots over pieces of a few slots gives what one piece over the whole [L, N, V]
+    gives (the reference: token_scores and verify_drafts on the whole logits)."""
+    from diffill.model.sampler import (
+        DraftRows,
+        StepSpec,
+        Strategy,
+        accept_drafts,
+        draft_ids,
+        score_slots,
+        token_scores,
+        verify_drafts,
+    )
+
+    g = torch.Generator().manual_seed(3)
+    L, N, D, V = 3, 7, 16, 97
+    w = torch.randn(V, D, generator=g)
+
+    def head(x):
+        return x @ w.T
+
+    h = torch.randn(L, N, D, generator=g)
+    noise = torch.rand(L, N, V, generator=g) if temperature > 0 else None
+    spec = StepSpec(mask_id=5, pad_id=0, terminators=(1, 2), shift=False,
+                    strategy=Strategy(strategy), temperature=temperature)
+    draft = DraftRows(torch.randint(6, V, (L, N), generator=g), torch.tensor([3, -1, 7]))
+    logits = head(h).float()
+    logits[..., spec.mask_id] = float("-inf")
+    want_tok, want_score, want_lp = token_scores(logits, spec.strategy, temperature, noise)
+    want_draft = verify_drafts(logits, draft, spec)
+    for max_bytes in (1, 4 * V * 5, 1 << 30):  # a slot a piece, 5 slots a piece, one piece
+        got = score_slots(head, h, spec, noise, draft_ids(draft), max_bytes=max_bytes)
+        assert torch.equal(got.tok, want_tok)
+        torch.testing.assert_close(got.score, want_score)
+        torch.testing.assert_close(got.logp, want_lp)
+        acc = accept_drafts(got.top, got.lp_draft, got.lp_terms, draft, spec)
+        assert torch.equal(acc[0], want_draft[0]) and torch.equal(acc[1], want_draft[1])
+        torch.testing.assert_close(acc[2], want_draft[2])
+    plain = score_slots(head, h, spec, noise, max_bytes=1)
+    assert plain.top is None and plain.lp_draft is None and plain.lp_terms is None
