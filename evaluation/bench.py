@@ -535,7 +535,7 @@ def step_variants(bm: BenchModel, *, ctx: int = 256, hole: int = 32, candidates:
     pre, suf = request_for(cfg, ctx)
     cv = build_canvas(cfg, pre, suf, lengths, dev)
     sp = SpecialIds.from_config(cfg)
-    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits)
+    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits, vocab=cfg.vocab_size)
     runs: dict[str, Callable[[], Any]] = {}
     for v in variants:
         if v == "row":

@@ -431,7 +431,8 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
         lengths.append(lengths[-1])
     prefix, suffix = synthetic_request(cfg, ctx)
     cv = build_canvas(cfg, prefix, suffix, lengths, dev)
-    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits)  # greedy, fixed steps
+    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits,  # greedy, fixed steps
+                    vocab=cfg.vocab_size)
     L, N = cv.valid.shape
 
     def fresh() -> DenoiseState:

@@ -395,7 +395,10 @@ SCORE_BYTES = 32 << 20
 """The most fp32 logits one step holds at once: the LM head and the scoring run over a
 batch's hole slots in pieces of at most this many bytes (:func:`score_slots`). Whole, the
 ``[rows x slots x vocab]`` logits and their log-softmax were the peak of a CPU request: 3
-rows x 64 slots x 152k on the 0.5B shape is 117 MB each, ~250 MB over the weights."""
+rows x 64 slots x 152k on the 0.5B shape is 117 MB each. Each piece reads the head's weights
+again (136 MB in int8 on that shape), so pieces are not small: a keystroke's 3 x 16 slots
+are one piece there (split in two they cost +50% in the head, 78 -> 117 ms on the 2-core
+box); 3 x 32 in two and 3 x 64 in four were no slower than one piece."""
 
 
 class SlotScores(NamedTuple):
@@ -415,18 +418,19 @@ def score_slots(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, s
                 noise: torch.Tensor | None = None, draft_ids: torch.Tensor | None = None, *,
                 max_bytes: int = SCORE_BYTES) -> SlotScores:
     """:func:`token_scores` of ``head(h)`` (h [L, N, D]; the mask id banned), computed over the
-    slots in pieces of at most ``max_bytes`` of fp32 logits (the first piece is 16 slots: the
-    vocabulary is known after it), so the whole ``[L, N, V]`` is never held. Each slot's
-    scores depend on its own logits only, so the pieces give what one piece would (the
-    reference: ``max_bytes`` larger than the batch). ``draft_ids`` [L, N]: the token whose
-    log-prob each slot reports for :func:`accept_drafts` (drafts only)."""
+    slots in pieces of at most ``max_bytes`` of fp32 logits (``spec.vocab`` wide; 0: one
+    piece), so the whole ``[L, N, V]`` is never held. Each slot's scores depend on its own
+    logits only, so the pieces give what one piece gives (the reference: ``max_bytes`` larger
+    than the batch). ``draft_ids`` [L, N]: the token whose log-prob each slot reports for
+    :func:`accept_drafts` (drafts only)."""
     L, N, D = h.shape
     flat = h.reshape(L * N, D)
     nz = None if noise is None else noise.reshape(L * N, -1)
     ds = None if draft_ids is None else draft_ids.reshape(L * N, 1)
     terms = torch.tensor(spec.terminators, device=h.device) if ds is not None else None
     parts: list[tuple[torch.Tensor, ...]] = []
-    start, size = 0, 16
+    size = max(1, max_bytes // (4 * spec.vocab)) if spec.vocab > 0 else L * N
+    start = 0
     while start < L * N:
         stop = min(start + size, L * N)
         logits = head(flat[start:stop]).float()  # [c, V]
@@ -438,9 +442,8 @@ def score_slots(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, s
             part += (logp_all.max(-1).values, logp_all.gather(-1, ds[start:stop])[:, 0],
                      logp_all.index_select(-1, terms))
         parts.append(part)
-        vocab = logits.shape[-1]
         del logits, logp_all
-        start, size = stop, max(1, max_bytes // (4 * vocab))
+        start = stop
     cols = [torch.cat(c) for c in zip(*parts, strict=True)]
     shaped = [c.reshape(L, N, *c.shape[1:]) for c in cols]
     return SlotScores(*shaped)
@@ -514,6 +517,7 @@ class StepSpec:
     total_steps: int = 8
     select_impl: str | None = None
     draft_ratio: float = 0.1
+    vocab: int = 0  # the head's width, for :func:`score_slots`' pieces (0: unknown, one piece)
 
     @classmethod
     def of(cls, cfg: ModelConfig, sc: SamplerConfig, *, select_impl: str | None = None,
@@ -523,7 +527,8 @@ class StepSpec:
         sp = special if special is not None else SpecialIds.from_config(cfg)
         return cls(sp.mask, sp.pad, sp.terminators, cfg.shift_logits, sc.strategy,
                    None if sc.threshold is None else float(sc.threshold), sc.temperature,
-                   sc.absorb_pad, sc.block, sc.steps, select_impl, float(sc.draft_ratio))
+                   sc.absorb_pad, sc.block, sc.steps, select_impl, float(sc.draft_ratio),
+                   cfg.vocab_size)
 
     def loop_steps(self, longest_hole: int) -> int:
         """Steps the loop runs: all of them in threshold mode (it may stop early), else

@@ -62,6 +62,30 @@ def threads_to_env(args: argparse.Namespace) -> None:
         os.environ["DIFFILL_THREADS"] = str(n)
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+
+
+def one_malloc_arena() -> bool:
+    """Make glibc's malloc keep one arena for every thread of this process (``mallopt
+    M_ARENA_MAX 1``), before the server starts its threads; a no-op when the user set
+    ``MALLOC_ARENA_MAX`` (glibc applied it already) or the C library is not glibc.
+
+    Why: the model runs on a worker thread and the step plan on another; with an arena per
+    thread, memory one thread freed (a long context's activations) stays resident in its
+    arena while the other allocates afresh. ``diffill serve`` on the Open-dCoder-0.5B shape
+    peaked at 1,279-1,306 MB after the background plan with glibc's default, 1,051-1,056 MB
+    with one arena (``scripts/serve_ready.py --wait-plan``, twice each; BENCHMARKS.md)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    import ctypes  # only the commands that start a server need it
+
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(M_ARENA_MAX, 1))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
+        return False
+
+
 def configure_threads(args: argparse.Namespace, device: object) -> None:
     """For commands that run the model on this thread right away."""
     from ...model.runtime import configure_cpu_threads  # torch: not for serve's `initialize`

@@ -15,6 +15,7 @@ from . import (
     add_recipe_option,
     add_threads_option,
     check_threads,
+    one_malloc_arena,
     threads_to_env,
 )
 
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"diffill serve: {err}", file=sys.stderr)
         return 2
     threads_to_env(args)
+    one_malloc_arena()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
     hostport = None
     if args.tcp:

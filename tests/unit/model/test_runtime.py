@@ -3,6 +3,10 @@ DIFFILL_THREADS / OMP_NUM_THREADS, no-op on CUDA, and the engine's ensure step."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from diffill.model import runtime
@@ -80,3 +84,16 @@ def test_cli_threads_option_reaches_the_environment(monkeypatch: pytest.MonkeyPa
     import os
 
     assert os.environ["DIFFILL_THREADS"] == "3"
+
+
+def test_one_malloc_arena_is_set_in_a_fresh_process_unless_the_user_chose():
+    """serve and serve-http keep one glibc arena (lsp_server.commands.one_malloc_arena); a
+    user's MALLOC_ARENA_MAX wins. Run in a child: mallopt changes the whole process."""
+    code = "from diffill.lsp_server.commands import one_malloc_arena as f; print(f())"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "True"  # glibc (Debian)
+    out = subprocess.run([sys.executable, "-P", "-c", code], env={**env, "MALLOC_ARENA_MAX": "4"},
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"

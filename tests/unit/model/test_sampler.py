@@ -629,7 +629,7 @@ def test_scores_in_pieces_are_the_whole_tensors(strategy, temperature):
     h = torch.randn(L, N, D, generator=g)
     noise = torch.rand(L, N, V, generator=g) if temperature > 0 else None
     spec = StepSpec(mask_id=5, pad_id=0, terminators=(1, 2), shift=False,
-                    strategy=Strategy(strategy), temperature=temperature)
+                    strategy=Strategy(strategy), temperature=temperature, vocab=V)
     draft = DraftRows(torch.randint(6, V, (L, N), generator=g), torch.tensor([3, -1, 7]))
     logits = head(h).float()
     logits[..., spec.mask_id] = float("-inf")
@@ -645,3 +645,10 @@ def test_scores_in_pieces_are_the_whole_tensors(strategy, temperature):
         torch.testing.assert_close(acc[2], want_draft[2])
     plain = score_slots(head, h, spec, noise, max_bytes=1)
     assert plain.top is None and plain.lp_draft is None and plain.lp_terms is None
+    calls = []
+    score_slots(lambda x: calls.append(len(x)) or head(x), h, spec, noise, max_bytes=4 * V * 5)
+    assert calls == [5, 5, 5, 5, 1]  # 21 slots, 5 a piece
+    calls.clear()
+    whole = replace(spec, vocab=0)  # vocabulary unknown: one piece
+    score_slots(lambda x: calls.append(len(x)) or head(x), h, whole, noise, max_bytes=1)
+    assert calls == [L * N]
