@@ -89,29 +89,30 @@ def imports(text: str) -> dict[str, Imported]:
 _TOP_DEF = re.compile(r"^(?:async[ \t]+def|def|class)[ \t]", re.MULTILINE)
 
 
+def _lines_above(text: str, offset: int, lines: int) -> int:
+    """Where the ``lines`` lines above ``offset`` begin: the newline before them, or 0 at
+    the top of the text (one scan backwards, not a split of the whole buffer)."""
+    lo = offset
+    for _ in range(lines):
+        lo = text.rfind("\n", 0, lo - 1) if lo > 0 else -1
+        if lo < 0:
+            return 0
+    return lo
+
+
 def import_region(text: str, offset: int) -> str:
     """The lines imports are read from: the module's head (up to its first top-level
     ``def``/``class``) and the ``NEAR_LINES`` lines above the cursor (a function's own
     imports), so a long buffer is not scanned on every request."""
     m = _TOP_DEF.search(text, 0, min(len(text), 200_000))
     head = text[: m.start()] if m else text[:200_000]
-    lo = offset
-    for _ in range(NEAR_LINES):
-        lo = text.rfind("\n", 0, lo - 1) if lo > 0 else -1
-        if lo < 0:
-            lo = 0
-            break
+    lo = _lines_above(text, offset, NEAR_LINES)
     return head + "\n" + text[max(lo, len(head)):offset] if lo >= len(head) or not m else text[:offset]
 
 
 def near_names(text: str, offset: int, lines: int = NEAR_LINES) -> list[str]:
     """Names (and ``a.b`` attribute reads) around the cursor, nearest the cursor first."""
-    lo = offset
-    for _ in range(lines):
-        lo = text.rfind("\n", 0, lo - 1) if lo > 0 else -1
-        if lo < 0:
-            lo = 0
-            break
+    lo = _lines_above(text, offset, lines)
     hi = offset
     for _ in range(4):
         nl = text.find("\n", hi + 1)
