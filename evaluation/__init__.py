@@ -11,10 +11,10 @@ Modules:
                      jsonl), the cursor convention, samples I/O.
 - :mod:`.sandbox`    runs ``prompt + completion + suffix + test`` in an isolated subprocess.
 - :mod:`.metrics`    exact match, edit similarity (bit-parallel Levenshtein + reference DP, from
-                     :mod:`diffill.lsp_server.similarity`).
+                     :mod:`diffill.lsp_server.drafting.similarity`).
 - :mod:`.heldout`    masked lines / 2-4 line spans sampled from the held-out corpus.
 - :mod:`.baseline`   "continue by analogy" non-neural baseline (the rules of
-                     :mod:`diffill.lsp_server.analogy`).
+                     :mod:`diffill.lsp_server.drafting.analogy`).
 - :mod:`.generators` the completion sources under test (model via the editors' Completer,
                      the empty completion, the baseline), all behind one ``Generator`` protocol.
 - :mod:`.runner`     generation + scoring of one generator on the task sets.

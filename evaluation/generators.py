@@ -2,7 +2,7 @@
 
 A :class:`Generator` is given the editor's view of a task (document ``text`` and cursor
 ``offset``, see :mod:`.tasks`) and returns the text to insert at the cursor. The model is
-evaluated through the same path editors use: :class:`~diffill.lsp_server.completer.Completer`
+evaluated through the same path editors use: :class:`~diffill.lsp_server.completion.completer.Completer`
 (context building, the local backend over the Engine, post-processing), with the single-line
 policy for single-line holes (``multiline=False``) and the multi-line policy for spans.
 """
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..lsp_server.backends import load_local_backend
-from ..lsp_server.completer import Completer, options_from_kwargs
-from ..lsp_server.context import Snippet
+from ..lsp_server.backend.backends import load_local_backend
+from ..lsp_server.completion.completer import Completer, options_from_kwargs
+from ..lsp_server.text.context import Snippet
 from .baseline import analogy_completion
 
 
@@ -133,7 +133,7 @@ class CompleterGenerator:
     def generate(self, text: str, offset: int, *, multiline: bool, path: str | None = None,
                  snippets: Sequence[Snippet] = (), workspace: Sequence[str] = ()) -> Generated:
         """The top suggestion; ``snippets`` (extra context) and ``workspace`` (chunks for
-        the draft sources) as the server gathers them (:mod:`diffill.lsp_server.gather`)."""
+        the draft sources) as the server gathers them (:mod:`diffill.lsp_server.project.gather`)."""
         c = self._multi if multiline else self._single
         k = min(self.keystroke, offset)
         if k > 0:

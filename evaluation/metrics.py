@@ -1,7 +1,7 @@
 """Text metrics: exact match (strict and whitespace-normalised), Levenshtein distance and
 edit similarity, percentiles.
 
-The edit distance and similarity live on the server side (:mod:`diffill.lsp_server.similarity`:
+The edit distance and similarity live on the server side (:mod:`diffill.lsp_server.drafting.similarity`:
 the bit-parallel Levenshtein and its reference DP), which the draft sources use too; they are
 re-exported here for the harness.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..lsp_server.similarity import edit_similarity, levenshtein, levenshtein_reference
+from ..lsp_server.drafting.similarity import edit_similarity, levenshtein, levenshtein_reference
 
 __all__ = [
     "edit_similarity",

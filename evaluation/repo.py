@@ -3,10 +3,10 @@
 Tasks: masked lines and 2-4 line spans (:func:`.heldout.sample_tasks`, the same sampler and
 cursor convention as the held-out corpus set) cut from the files of held-out packages (not in
 the training manifest) that have at least two files; the *workspace* of a task is the rest of
-its package -- every other file, indexed by :class:`~diffill.lsp_server.workspace.
+its package -- every other file, indexed by :class:`~diffill.lsp_server.project.workspace.
 WorkspaceIndex` as the server indexes a workspace folder. The task's own file is never in
 its workspace (it holds the answer). The extras are gathered as the server gathers them
-(:class:`~diffill.lsp_server.gather.Gatherer`): the definitions of the imported names used
+(:class:`~diffill.lsp_server.project.gather.Gatherer`): the definitions of the imported names used
 near the cursor, the most similar chunks, and the chunks for the draft sources.
 
 Systems (one model, side by side): the model with drafts on the buffer alone
@@ -33,9 +33,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..lsp_server.drafts import DraftQuery, propose
-from ..lsp_server.gather import DEFINITIONS_BUDGET_MS, Extras, Gatherer
-from ..lsp_server.workspace import IndexLimits, WorkspaceIndex, build_index
+from ..lsp_server.drafting.drafts import DraftQuery, propose
+from ..lsp_server.project.gather import DEFINITIONS_BUDGET_MS, Extras, Gatherer
+from ..lsp_server.project.workspace import IndexLimits, WorkspaceIndex, build_index
 from .baseline import analogy_completion
 from .heldout import Document, read_documents, sample_tasks
 from .metrics import percentile

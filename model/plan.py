@@ -40,7 +40,7 @@ The policy
   drafts may get fewer steps than one without, never more time than its budget.
 * **A slow model on a CPU** (a 0.5B checkpoint: one step of the largest bucket takes
   seconds, the plan a minute or more) is planned in the background by the language server
-  (:meth:`diffill.lsp_server.backends.LocalBackend.warmup`); until that plan is in, requests
+  (:meth:`diffill.lsp_server.backend.backends.LocalBackend.warmup`); until that plan is in, requests
   follow a :func:`provisional_plan` priced from one tiny timed request, which never allows
   more steps than fit.
 * **One-shot callers** (``diffill complete``) time one step of their own request and plan

@@ -91,7 +91,7 @@ class Recipe:
     sources: tuple[str, ...] = ()
     note: str = ""
     cross_file: str = "comment"
-    """How other files' text (the context header, ``lsp_server/context.py``) is written for
+    """How other files' text (the context header, ``lsp_server/text/context.py``) is written for
     this family: ``"comment"`` (a commented ``path:`` line before each file) or
     ``"qwen-repo"`` (Qwen2.5-Coder's repository-level pre-training format, for families
     adapted from Qwen2.5-Coder; used when the vocabulary has its tokens, see

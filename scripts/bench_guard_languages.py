@@ -46,8 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from diffill.lsp_server import treesitter
-from diffill.lsp_server.syntax import SyntaxGuard
+from diffill.lsp_server.text import treesitter
+from diffill.lsp_server.text.syntax import SyntaxGuard
 
 HOME = Path.home()
 ROOT = Path(__file__).resolve().parents[1]

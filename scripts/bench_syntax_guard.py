@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 
-from diffill.lsp_server.syntax import SyntaxGuard
+from diffill.lsp_server.text.syntax import SyntaxGuard
 
 
 def requests(src: str, rng: random.Random, max_functions: int):

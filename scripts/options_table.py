@@ -1,4 +1,4 @@
-"""Write the table of every server option into docs/options.md, from lsp_server/options.py.
+"""Write the table of every server option into docs/options.md, from lsp_server/completion/options.py.
 
 The table lies between two marker comments in docs/options.md; everything else in that
 file is written by hand. One row per field of ``CompletionOptions``, in the order the
@@ -33,7 +33,7 @@ END = "<!-- options-table:end -->"
 
 
 def _options_module() -> Any:
-    from diffill.lsp_server import options
+    from diffill.lsp_server.completion import options
 
     return options
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import msgspec
 
-from ..backends import BackendError, LocalBackend, load_local_backend
-from ..completer import Completer, options_from_kwargs
-from ..options import WIRE_NAMES, flag_errors
+from ..backend.backends import BackendError, LocalBackend, load_local_backend
+from ..completion.completer import Completer, options_from_kwargs
+from ..completion.options import WIRE_NAMES, flag_errors
 from . import (
     add_device_option,
     add_recipe_option,

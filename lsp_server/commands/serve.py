@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 
-from ..options import CompletionOptions, flag_errors, merge_options
-from ..server import create_server, setup_logging
+from ..completion.options import CompletionOptions, flag_errors, merge_options
+from ..protocol.server import create_server, setup_logging
 from . import (
     add_device_option,
     add_recipe_option,

@@ -14,8 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-from ..backends import load_local_backend
-from ..options import CompletionOptions, flag_errors, merge_options
+from ..backend.backends import load_local_backend
+from ..completion.options import CompletionOptions, flag_errors, merge_options
 from . import (
     add_device_option,
     add_recipe_option,
@@ -155,7 +155,12 @@ def run(args: argparse.Namespace) -> int:
     threads_to_env(args)
     one_malloc_arena()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
-    from ..http_server import HttpConfig, HttpFront, ListenError, serve  # needs aiohttp (above)
+    from ..http.http_server import (  # needs aiohttp (above)
+        HttpConfig,
+        HttpFront,
+        ListenError,
+        serve,
+    )
 
     raw: dict[str, object] = {"modelPath": args.model, "device": args.device}
     if args.recipe is not None:

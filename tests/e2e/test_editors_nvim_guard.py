@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diffill.lsp_server import treesitter
+from diffill.lsp_server.text import treesitter
 from support.constant_checkpoint import word_id, write_constant_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))

@@ -1,5 +1,5 @@
 """editors/vscode, issue 27: the extension completes, by default, the languages the server
-guards with a tree-sitter parser (lsp_server/languages.py), through the `diffill.languages`
+guards with a tree-sitter parser (lsp_server/text/languages.py), through the `diffill.languages`
 setting, ``["*"]`` meaning every language.
 
 * the setting's default in package.json and ``DEFAULT_LANGUAGES`` in src/options.ts are the
@@ -36,7 +36,7 @@ def _default_languages() -> list[str]:
 
 
 def test_default_languages_are_the_languages_the_server_parses() -> None:
-    from diffill.lsp_server.languages import GRAMMAR_LANGUAGES, lookup
+    from diffill.lsp_server.text.languages import GRAMMAR_LANGUAGES, lookup
 
     default = _default_languages()
     assert len(default) == len(set(default)), default

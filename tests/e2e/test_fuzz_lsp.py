@@ -207,7 +207,7 @@ def test_malformed_messages_get_spec_errors_and_the_stream_recovers(server: RawC
 
 
 def test_oversized_message_is_skipped(server: RawClient):
-    from diffill.lsp_server.jsonrpc import MAX_MESSAGE_BYTES
+    from diffill.lsp_server.protocol.jsonrpc import MAX_MESSAGE_BYTES
 
     n = MAX_MESSAGE_BYTES + 1
     server.write(b"Content-Length: %d\r\n\r\n" % n)

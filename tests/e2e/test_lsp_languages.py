@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import pytest_asyncio
-from diffill.lsp_server import treesitter
+from diffill.lsp_server.text import treesitter
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 from support.constant_checkpoint import word_id, write_constant_checkpoint

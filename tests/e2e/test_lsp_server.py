@@ -38,7 +38,7 @@ CLIENTS = {
     "visual-studio-code": "utf-16",
     "emacs": "utf-32",
 }
-# Protocol mechanics; the syntax guard has its own tests (tests/unit/lsp_server/test_syntax.py).
+# Protocol mechanics; the syntax guard has its own tests (tests/unit/lsp_server/text/test_syntax.py).
 FAST = {"diffill": {"steps": 2, "maxTokens": 16, "numCandidates": 3, "syntaxCheck": False}}
 STEP_DELAY_MS = 100
 SLOW = {"diffill": {"steps": 4, "maxTokens": 16, "numCandidates": 1, "syntaxCheck": False}}

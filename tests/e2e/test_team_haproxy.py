@@ -2,7 +2,7 @@
 replicas on loopback behind Debian's HAProxy with the configuration printed in the
 doc (read from it here; only the addresses, the certificate and the stats socket
 path are changed), TLS at the proxy, and the ``openai`` remote backend of
-``diffill serve`` (lsp_server/remote.py) as the client:
+``diffill serve`` (lsp_server/backend/remote.py) as the client:
 
 1. a replica still loading is out of rotation (HAProxy's ``/health`` check) and no
    completion reaches it; once its ``/health`` says ok it is back within about a
@@ -242,7 +242,7 @@ def team(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def remote_backend(team: Team):
-    from diffill.lsp_server.remote import RemoteBackend, RemoteSettings
+    from diffill.lsp_server.backend.remote import RemoteBackend, RemoteSettings
 
     return RemoteBackend(RemoteSettings(url=team.url + "/v1", api_key_env=TOKEN_ENV, timeout_s=10,
                                         retries=2, deadline_s=30))
@@ -250,8 +250,8 @@ def remote_backend(team: Team):
 
 def complete_via_remote(backend, i: int) -> str:
     """One completion through the language server's text path on the openai backend."""
-    from diffill.lsp_server.completer import Completer
-    from diffill.lsp_server.options import CompletionOptions
+    from diffill.lsp_server.completion.completer import Completer
+    from diffill.lsp_server.completion.options import CompletionOptions
 
     prefix, suffix = PROMPTS[i % len(PROMPTS)]
     res = Completer(backend, CompletionOptions(max_tokens=8)).run(prefix + suffix, len(prefix))

@@ -65,7 +65,7 @@ class Rule:
     filled with ``answer`` (then pads). ``prompt`` is what the MODEL sees: with token
     healing (on by default) the server backs the hole off over a half-typed word or a
     lone space after a non-space (``"total = "`` is asked as ``"total ="``, the answer
-    then has to start with the backed-off text), see ``lsp_server/completer.py``."""
+    then has to start with the backed-off text), see ``lsp_server/completion/completer.py``."""
 
     prompt: str
     answer: str

@@ -3,9 +3,9 @@
 * No tracked doc tells users to ``pip install diffill``: diffill is not on PyPI, the
   commands that work start from a clone (README, *Set up*).
 * ``docs/options.md`` holds the one table of every server option, generated from
-  ``lsp_server/options.py`` by ``scripts/options_table.py``; it is up to date, the README
+  ``lsp_server/completion/options.py`` by ``scripts/options_table.py``; it is up to date, the README
   and docs/editors.md link it (that every VS Code setting is a server option is
-  ``tests/unit/lsp_server/test_options.py::test_vscode_settings_are_server_options``).
+  ``tests/unit/lsp_server/completion/test_options.py::test_vscode_settings_are_server_options``).
 * Nothing cites a ``DESIGN.md``: there is none in the repository.
 """
 
@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from diffill.lsp_server.options import WIRE_NAMES
+from diffill.lsp_server.completion.options import WIRE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_GLOBS = ("*.md", "*.txt", "*.el", "*.lua")
@@ -81,7 +81,7 @@ def test_options_table_is_up_to_date():
     script = _options_table_script()
     current = (ROOT / "docs/options.md").read_text(encoding="utf-8")
     assert script.splice(current, script.render_table()) == current, (
-        "docs/options.md is out of date with lsp_server/options.py: "
+        "docs/options.md is out of date with lsp_server/completion/options.py: "
         "run python scripts/options_table.py")
 
 

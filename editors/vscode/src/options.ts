@@ -58,7 +58,7 @@ export function serverCommand(settings: SettingsReader): { command: string; args
 
 /**
  * Default of `diffill.languages`: the VS Code language ids of the languages the server
- * guards with a parser (lsp_server/languages.py). `*` in the list means every language.
+ * guards with a parser (lsp_server/text/languages.py). `*` in the list means every language.
  */
 export const DEFAULT_LANGUAGES = [
   'python',

@@ -1,10 +1,10 @@
 """The baseline is the server side's "continue by analogy" rules (tested in
-tests/unit/lsp_server/test_analogy.py)."""
+tests/unit/lsp_server/drafting/test_analogy.py)."""
 
 from __future__ import annotations
 
 from diffill.evaluation import baseline
-from diffill.lsp_server import analogy
+from diffill.lsp_server.drafting import analogy
 
 
 def test_baseline_is_the_analogy_rules():

@@ -6,7 +6,7 @@ import math
 
 from diffill.evaluation import metrics
 from diffill.evaluation.metrics import exact_match, exact_match_ws, percentile
-from diffill.lsp_server import similarity
+from diffill.lsp_server.drafting import similarity
 
 
 def test_edit_distance_is_the_server_sides():

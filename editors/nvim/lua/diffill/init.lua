@@ -32,7 +32,7 @@ local NAME = 'diffill'
 --- @field debounce_ms integer        delay between the last keystroke and the request (0.11 path)
 --- @field keymaps diffill.Keymaps    insert-mode keys
 --- Neovim filetypes of the languages the server guards with a tree-sitter parser
---- (lsp_server/languages.py): Python, JavaScript, TypeScript, TSX, Go, Rust, Java, C, C++,
+--- (lsp_server/text/languages.py): Python, JavaScript, TypeScript, TSX, Go, Rust, Java, C, C++,
 --- C#, Ruby, PHP, Lua and shell scripts. Neovim runs several LSP clients per buffer, so
 --- attaching diffill takes nothing from the buffer's other language servers.
 M.default_filetypes = {
