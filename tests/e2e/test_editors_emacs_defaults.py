@@ -21,8 +21,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
 
-LOAD_DELAY_MS = 3000
-
 pytestmark = pytest.mark.e2e
 
 
@@ -33,7 +31,7 @@ def run(scripted_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     cfg = h.sample_cfg(tmp, "emacs", scripted_model_dir)
     r = h.run_driver([emacs, "--batch", "-l", str(h.DRIVERS / "emacs_defaults_e2e.el")], tmp,
                      {**cfg, "ghost": h.ghost_cfg(), "trigger": h.trigger_cfg()},
-                     timeout=240, cwd=tmp / "work", DIFFILL_DEBUG_LOAD_DELAY_MS=str(LOAD_DELAY_MS))
+                     timeout=240, cwd=tmp / "work", DIFFILL_DEBUG_LOAD_DELAY_MS=str(h.LOAD_DELAY_MS))
     assert r["inline_mode"] is True
     return r
 
@@ -43,7 +41,7 @@ def test_ghost_text_typed_while_the_model_loads_comes_without_another_key(run: d
     g = run["ghost"]
     assert g["shown"], g
     h.expect(g["shown"], h.GHOST)
-    assert g["ms"] >= LOAD_DELAY_MS * 0.5, g
+    assert g["ms"] >= h.LOAD_DELAY_MS * 0.5, g
 
 
 @pytest.mark.parametrize("step", ["enter", "typing"])

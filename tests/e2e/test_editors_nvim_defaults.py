@@ -24,8 +24,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
 
-LOAD_DELAY_MS = 3000
-
 pytestmark = pytest.mark.e2e
 
 
@@ -36,8 +34,8 @@ def run(scripted_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     cfg = h.sample_cfg(tmp, "nvim", scripted_model_dir)
     r = h.run_driver(h.nvim_argv(nvim, "nvim_defaults_e2e.lua"), tmp, {
         **cfg, "ghost": h.ghost_cfg(), "trigger": h.trigger_cfg(),
-        "ghost_timeout_ms": LOAD_DELAY_MS + 20_000, "timeout_ms": 200_000,
-    }, timeout=240, cwd=tmp / "work", DIFFILL_DEBUG_LOAD_DELAY_MS=str(LOAD_DELAY_MS))
+        "ghost_timeout_ms": h.LOAD_DELAY_MS + 20_000, "timeout_ms": 200_000,
+    }, timeout=240, cwd=tmp / "work", DIFFILL_DEBUG_LOAD_DELAY_MS=str(h.LOAD_DELAY_MS))
     r["server_log"] = h.tail(tmp / "server.log")
     return r
 
@@ -47,7 +45,7 @@ def test_ghost_text_typed_while_the_model_loads_comes_without_another_key(run: d
     assert g["loading_when_typed"] is True  # the keystroke came before the model was ready
     assert g["shown"], f"no ghost text {g['ms']} ms after the only keystroke\n{run['server_log']}"
     h.expect(g["suggestion"], h.GHOST)
-    assert g["ms"] >= LOAD_DELAY_MS * 0.5, g["ms"]
+    assert g["ms"] >= h.LOAD_DELAY_MS * 0.5, g["ms"]
 
 
 def test_ghost_text_cursor_is_drawn_at_the_insertion_point(run: dict[str, Any]) -> None:

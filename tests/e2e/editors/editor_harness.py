@@ -80,6 +80,10 @@ def need(ok: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+LOAD_DELAY_MS = 3000
+"""How long the defaults tests hold the server's model load (``DIFFILL_DEBUG_LOAD_DELAY_MS``), so
+that the first keystroke comes while the model loads."""
+
 MODEL_OVERRIDE = os.environ.get("DIFFILL_EDITORS_MODEL")
 """Another checkpoint to serve (e.g. the shipped model, to take the README screenshot with
 real suggestions). Its suggestions are not known: the checks of the exact text are skipped."""
