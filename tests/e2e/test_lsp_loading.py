@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from _lsp_raw import SERVE, RawClient, server_env
+from _lsp_status import status
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
@@ -51,8 +52,6 @@ async def start(model: Path) -> LanguageClient:
     return client
 
 
-async def status(client: LanguageClient):
-    return await client.protocol.send_request_async("diffill/status", None)
 
 
 def inline(client: LanguageClient) -> asyncio.Future:
