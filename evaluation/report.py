@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +61,27 @@ def humaneval_table(section: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def heldout_table(section: dict[str, Any]) -> str:
-    head = (f"{'system':<12} {'set':<6} {'tasks':>5} {'EM':>6} {'EM(ws)':>6} {'ES':>6} {'p50 ms':>8}"
-            f" {'EM rep':>6} {'EM new':>6}" + DRAFT_HEAD)
-    rows = [f"Held-out corpus ({section['source']})", head, "-" * len(head)]
+def _by_set(section: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(system, set, its summary) for each system of the section's line and span sets, in
+    that order; a set the run did not make is left out."""
     for kind in ("lines", "spans"):
         part = section.get(kind)
         if not part:
             continue
         for name, s in part["systems"].items():
-            rows.append(
-                f"{name:<12} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} {_f(s.get('exact_match_ws'))} "
-                f"{_f(s.get('edit_similarity'))} {_f(s.get('latency_p50_ms'), '8.1f')}"
-                f" {_f(s.get('exact_match_repeated'))} {_f(s.get('exact_match_fresh'))}" + _draft_cols(s)
-            )
+            yield name, kind, s
+
+
+def heldout_table(section: dict[str, Any]) -> str:
+    head = (f"{'system':<12} {'set':<6} {'tasks':>5} {'EM':>6} {'EM(ws)':>6} {'ES':>6} {'p50 ms':>8}"
+            f" {'EM rep':>6} {'EM new':>6}" + DRAFT_HEAD)
+    rows = [f"Held-out corpus ({section['source']})", head, "-" * len(head)]
+    for name, kind, s in _by_set(section):
+        rows.append(
+            f"{name:<12} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} {_f(s.get('exact_match_ws'))} "
+            f"{_f(s.get('edit_similarity'))} {_f(s.get('latency_p50_ms'), '8.1f')}"
+            f" {_f(s.get('exact_match_repeated'))} {_f(s.get('exact_match_fresh'))}" + _draft_cols(s)
+        )
     counts = []
     for kind in ("lines", "spans"):
         some = next(iter((section.get(kind) or {}).get("systems", {}).values()), {})
@@ -90,16 +98,12 @@ def repo_table(section: dict[str, Any]) -> str:
             f" {'p50 ms':>8} {'gath.p95':>8}" + DRAFT_HEAD)
     rows = [f"Repository-level held-out set ({section['source']}; workspace: the rest of the "
             "package)", head, "-" * len(head)]
-    for kind in ("lines", "spans"):
-        part = section.get(kind)
-        if not part:
-            continue
-        for name, s in part["systems"].items():
-            rows.append(
-                f"{name:<15} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} "
-                f"{_f(s.get('edit_similarity'))} {_f(s.get('exact_match_inws'), '7.3f')} "
-                f"{_f(s.get('latency_p50_ms'), '8.1f')} {_f(s.get('gather_p95_ms'), '8.2f')}"
-                + _draft_cols(s))
+    for name, kind, s in _by_set(section):
+        rows.append(
+            f"{name:<15} {kind:<6} {s['tasks']:>5} {_f(s.get('exact_match'))} "
+            f"{_f(s.get('edit_similarity'))} {_f(s.get('exact_match_inws'), '7.3f')} "
+            f"{_f(s.get('latency_p50_ms'), '8.1f')} {_f(s.get('gather_p95_ms'), '8.2f')}"
+            + _draft_cols(s))
     some = next(iter((section.get("lines") or {}).get("systems", {}).values()), {})
     if "inws_tasks" in some:
         rows.append(f"EM inws: the {some['inws_tasks']} line tasks whose middle's lines all occur "

@@ -46,6 +46,7 @@ from typing import Any
 import pytest
 import tokenizers
 import torch
+from diffill.lsp_server.backend.backends import LocalBackend, load_local_backend
 from diffill.training.train import train_micro_model
 from support import FIXTURES, ROOT, write_diffill_checkpoint
 from support.scripted_model import build_scripted_model
@@ -138,6 +139,13 @@ def model_dir(scripted_model_dir: Path) -> Path:
     """The checkpoint folder tests that load a real model use: the scripted one, whose
     answers are certain on any CPU (module doc)."""
     return Path(scripted_model_dir)
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir: Path) -> LocalBackend:
+    """``model_dir`` loaded in a ``LocalBackend``, one per test module (the HTTP front tests
+    serve it; a module that needs another backend defines its own fixture of this name)."""
+    return load_local_backend(str(model_dir))
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,6 @@ request of the script's own at the same spot.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,54 +21,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
 
-EMACS = shutil.which("emacs")
-
-
-def _has_eglot() -> bool:
-    if not EMACS:
-        return False
-    p = subprocess.run(
-        [EMACS, "--batch", "--eval", "(progn (require 'package) (package-activate-all) (require 'eglot))"],
-        capture_output=True, text=True, timeout=60,
-    )
-    return p.returncode == 0
-
-
 pytestmark = pytest.mark.e2e
 
+
 def test_emacs_completion_at_point_and_inline_mode(scripted_model_dir: Path, tmp_path: Path) -> None:
-    h.need(EMACS is not None, f"Emacs not installed ({h.INSTALL_HINT})")
-    h.need(_has_eglot(), f"eglot not installed ({h.INSTALL_HINT})")
-    assert EMACS is not None
-    work = tmp_path / "work"
-    work.mkdir()
-    doc = work / "demo.py"
+    emacs = h.need_emacs()
+    # One candidate: completion-at-point then inserts it (several would open *Completions*).
+    cfg = h.sample_cfg(tmp_path, "emacs", scripted_model_dir, numCandidates=1)
     text = h.SAMPLE
-    doc.write_text(text)
     c_row, c_col = h.position_of(text, h.COMPLETION_SPOT)
     g_row, g_col = h.position_of(text, h.GHOST_SPOT)
-    result = tmp_path / "result.json"
-    cfg = {
-        "plugin_dir": str(h.EDITORS / "emacs"),
-        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
-        # One candidate: completion-at-point then inserts it (several would open *Completions*).
-        "settings": {"modelPath": h.model_path(scripted_model_dir), "device": "cpu", "numCandidates": 1},
-        "file": str(doc),
-        "result": str(result),
-        "completion": {"row": c_row, "col": c_col},
-        "ghost": {"row": g_row, "col": g_col, "type": h.GHOST_TYPED},
-    }
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    with h.isolated_env(tmp_path, DIFFILL_E2E_CONFIG=str(tmp_path / "cfg.json")) as env:
-        p = subprocess.run(
-            [EMACS, "--batch", "-l", str(h.DRIVERS / "emacs_e2e.el")],
-            capture_output=True, text=True, timeout=240, env=env, cwd=work,
-        )
-    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], (
-        f"{r.get('error')}\n{p.stderr[-3000:]}\n{r.get('events', '')[-3000:]}\n{h.tail(tmp_path / 'server.log')}"
-    )
+    r = h.run_driver([emacs, "--batch", "-l", str(h.DRIVERS / "emacs_e2e.el")], tmp_path,
+                     {**cfg, "completion": {"row": c_row, "col": c_col}, "ghost": h.ghost_cfg()},
+                     timeout=240, cwd=tmp_path / "work")
     assert r["managed"] is True and r["inline_mode"] is True
     assert r["emacs"].startswith("28.") or r["emacs"] >= "28"
 
@@ -89,10 +51,7 @@ def test_emacs_completion_at_point_and_inline_mode(scripted_model_dir: Path, tmp
     # 2) diffill-inline-mode: overlay with the server's inline item; TAB inserted exactly it.
     g = r["ghost"]
     g_typed = h.GHOST_TYPED
-    items = h.first_items(g["raw"])
-    assert items, "no inline items"
-    item = items[0]
-    h.expect(item["insertText"], h.GHOST)
+    item = h.ghost_item(g)
     assert g["line_typed"] == g["line_before"][:g_col] + g_typed + g["line_before"][g_col:]
     assert g["overlay_at"] == g["point_before_accept"]
     assert g["suggestion"] == item["insertText"]

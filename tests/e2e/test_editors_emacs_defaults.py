@@ -12,9 +12,6 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,53 +21,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
 
-EMACS = shutil.which("emacs")
-LOAD_DELAY_MS = 3000
-
 pytestmark = pytest.mark.e2e
-
-
-def _has_eglot() -> bool:
-    if not EMACS:
-        return False
-    p = subprocess.run(
-        [EMACS, "--batch", "--eval", "(progn (require 'package) (package-activate-all) (require 'eglot))"],
-        capture_output=True, text=True, timeout=60,
-    )
-    return p.returncode == 0
 
 
 @pytest.fixture(scope="module")
 def run(scripted_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    h.need(EMACS is not None, f"Emacs not installed ({h.INSTALL_HINT})")
-    h.need(_has_eglot(), f"eglot not installed ({h.INSTALL_HINT})")
-    assert EMACS is not None
+    emacs = h.need_emacs()
     tmp = tmp_path_factory.mktemp("emacs-defaults")
-    work = tmp / "work"
-    work.mkdir()
-    doc = work / "demo.py"
-    doc.write_text(h.SAMPLE)
-    g_row, g_col = h.position_of(h.SAMPLE, h.GHOST_SPOT)
-    result = tmp / "result.json"
-    cfg = {
-        "plugin_dir": str(h.EDITORS / "emacs"),
-        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp / "server.log")],
-        "settings": {"modelPath": h.model_path(scripted_model_dir), "device": "cpu"},
-        "file": str(doc),
-        "result": str(result),
-        "ghost": {"row": g_row, "col": g_col, "type": h.GHOST_TYPED},
-        "trigger": {"row": g_row, "line": h.GHOST_SPOT[:-1], "type": "["},
-    }
-    (tmp / "cfg.json").write_text(json.dumps(cfg))
-    with h.isolated_env(tmp, DIFFILL_E2E_CONFIG=str(tmp / "cfg.json"),
-                        DIFFILL_DEBUG_LOAD_DELAY_MS=str(LOAD_DELAY_MS)) as env:
-        p = subprocess.run(
-            [EMACS, "--batch", "-l", str(h.DRIVERS / "emacs_defaults_e2e.el")],
-            capture_output=True, text=True, timeout=240, env=env, cwd=work,
-        )
-    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{h.tail(tmp / 'server.log')}"
+    cfg = h.sample_cfg(tmp, "emacs", scripted_model_dir)
+    r = h.run_driver([emacs, "--batch", "-l", str(h.DRIVERS / "emacs_defaults_e2e.el")], tmp,
+                     {**cfg, "ghost": h.ghost_cfg(), "trigger": h.trigger_cfg()},
+                     timeout=240, cwd=tmp / "work", DIFFILL_DEBUG_LOAD_DELAY_MS=str(h.LOAD_DELAY_MS))
     assert r["inline_mode"] is True
     return r
 
@@ -80,7 +41,7 @@ def test_ghost_text_typed_while_the_model_loads_comes_without_another_key(run: d
     g = run["ghost"]
     assert g["shown"], g
     h.expect(g["shown"], h.GHOST)
-    assert g["ms"] >= LOAD_DELAY_MS * 0.5, g
+    assert g["ms"] >= h.LOAD_DELAY_MS * 0.5, g
 
 
 @pytest.mark.parametrize("step", ["enter", "typing"])

@@ -18,18 +18,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
-import test_editors_emacs_defaults as defaults  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
 
 def test_default_modes_are_the_parsed_languages_without_another_server(tmp_path: Path) -> None:
-    h.need(defaults.EMACS is not None, f"Emacs not installed ({h.INSTALL_HINT})")
-    h.need(defaults._has_eglot(), f"eglot not installed ({h.INSTALL_HINT})")
-    assert defaults.EMACS is not None
+    emacs = h.need_emacs()
     with h.isolated_env(tmp_path) as env:
         p = subprocess.run(
-            [defaults.EMACS, "--batch", "-L", str(h.EDITORS / "emacs"),
+            [emacs, "--batch", "-L", str(h.EDITORS / "emacs"),
              "-l", str(h.DRIVERS / "emacs_modes_test.el"), "-f", "ert-run-tests-batch-and-exit"],
             capture_output=True, text=True, timeout=120, env=env,
         )

@@ -12,7 +12,6 @@ The script also asks the server itself at both spots: the editor must show what 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -36,36 +35,15 @@ pytestmark = pytest.mark.e2e
 
 
 def test_neovim_completion_and_ghost_text(scripted_model_dir: Path, tmp_path: Path) -> None:
-    h.need(NVIM is not None, f"Neovim not installed ({h.INSTALL_HINT})")
+    nvim = h.need_nvim()
     h.need(_nvim_version() >= (0, 11), f"needs Neovim >= 0.11, found {NVIM} ({h.INSTALL_HINT})")
-    assert NVIM is not None
-    work = tmp_path / "work"
-    work.mkdir()
-    doc = work / "demo.py"
+    cfg = h.sample_cfg(tmp_path, "nvim", scripted_model_dir)
     text = h.SAMPLE
-    doc.write_text(text)
     c_row, c_col = h.position_of(text, h.COMPLETION_SPOT)
     g_row, g_col = h.position_of(text, h.GHOST_SPOT)
-    result = tmp_path / "result.json"
-    cfg = {
-        "plugin_dir": str(h.EDITORS / "nvim"),
-        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
-        "settings": {"modelPath": h.model_path(scripted_model_dir), "device": "cpu"},
-        "file": str(doc),
-        "result": str(result),
-        "completion": {"row": c_row, "col": c_col},
-        "ghost": {"row": g_row, "col": g_col, "type": h.GHOST_TYPED},
-        "timeout_ms": 200_000,
-    }
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    with h.isolated_env(tmp_path, DIFFILL_E2E_CONFIG=str(tmp_path / "cfg.json")) as env:
-        p = subprocess.run(
-            [NVIM, "--headless", "--clean", "-u", str(h.DRIVERS / "nvim_e2e.lua")],
-            capture_output=True, text=True, timeout=240, env=env, cwd=work,
-        )
-    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{h.tail(tmp_path / 'server.log')}"
+    r = h.run_driver(h.nvim_argv(nvim, "nvim_e2e.lua"), tmp_path, {
+        **cfg, "completion": {"row": c_row, "col": c_col}, "ghost": h.ghost_cfg(), "timeout_ms": 200_000,
+    }, timeout=240, cwd=tmp_path / "work")
     assert r["capabilities"] == {"completion": True, "inline": True}
 
     # 1) completion: the menu holds the server's items; <C-y> put the first one's textEdit in.
@@ -84,10 +62,7 @@ def test_neovim_completion_and_ghost_text(scripted_model_dir: Path, tmp_path: Pa
     # 2) ghost text: the extmark shows the server's inline item; <Tab> inserts exactly it.
     g = r["ghost"]
     g_typed = h.GHOST_TYPED
-    items = h.first_items(g["raw"])
-    assert items, "no inline items"
-    item = items[0]
-    h.expect(item["insertText"], h.GHOST)
+    item = h.ghost_item(g)
     assert g["cursor"] == [g_row, g_col + len(g_typed)]
     assert g["extmark"]["row"] == g["cursor"][0] and g["extmark"]["col"] == g["cursor"][1]
     assert g["extmark"]["virt_text_pos"] == "inline"

@@ -15,8 +15,6 @@ real ``diffill serve`` + the scripted checkpoint, its model load held 3 s by the
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,44 +24,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
 
-NVIM = h.find_nvim()
-LOAD_DELAY_MS = 3000
-
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def run(scripted_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    h.need(NVIM is not None, f"Neovim not installed ({h.INSTALL_HINT})")
-    assert NVIM is not None
+    nvim = h.need_nvim()
     tmp = tmp_path_factory.mktemp("nvim-defaults")
-    work = tmp / "work"
-    work.mkdir()
-    doc = work / "demo.py"
-    doc.write_text(h.SAMPLE)
-    g_row, g_col = h.position_of(h.SAMPLE, h.GHOST_SPOT)
-    result = tmp / "result.json"
-    cfg = {
-        "plugin_dir": str(h.EDITORS / "nvim"),
-        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp / "server.log")],
-        "settings": {"modelPath": h.model_path(scripted_model_dir), "device": "cpu"},
-        "file": str(doc),
-        "result": str(result),
-        "ghost": {"row": g_row, "col": g_col, "type": h.GHOST_TYPED},
-        "trigger": {"row": g_row, "line": h.GHOST_SPOT[:-1], "type": "["},
-        "ghost_timeout_ms": LOAD_DELAY_MS + 20_000,
-        "timeout_ms": 200_000,
-    }
-    (tmp / "cfg.json").write_text(json.dumps(cfg))
-    with h.isolated_env(tmp, DIFFILL_E2E_CONFIG=str(tmp / "cfg.json"),
-                        DIFFILL_DEBUG_LOAD_DELAY_MS=str(LOAD_DELAY_MS)) as env:
-        p = subprocess.run(
-            [NVIM, "--headless", "--clean", "-u", str(h.DRIVERS / "nvim_defaults_e2e.lua")],
-            capture_output=True, text=True, timeout=240, env=env, cwd=work,
-        )
-    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{h.tail(tmp / 'server.log')}"
+    cfg = h.sample_cfg(tmp, "nvim", scripted_model_dir)
+    r = h.run_driver(h.nvim_argv(nvim, "nvim_defaults_e2e.lua"), tmp, {
+        **cfg, "ghost": h.ghost_cfg(), "trigger": h.trigger_cfg(),
+        "ghost_timeout_ms": h.LOAD_DELAY_MS + 20_000, "timeout_ms": 200_000,
+    }, timeout=240, cwd=tmp / "work", DIFFILL_DEBUG_LOAD_DELAY_MS=str(h.LOAD_DELAY_MS))
     r["server_log"] = h.tail(tmp / "server.log")
     return r
 
@@ -73,7 +45,7 @@ def test_ghost_text_typed_while_the_model_loads_comes_without_another_key(run: d
     assert g["loading_when_typed"] is True  # the keystroke came before the model was ready
     assert g["shown"], f"no ghost text {g['ms']} ms after the only keystroke\n{run['server_log']}"
     h.expect(g["suggestion"], h.GHOST)
-    assert g["ms"] >= LOAD_DELAY_MS * 0.5, g["ms"]
+    assert g["ms"] >= h.LOAD_DELAY_MS * 0.5, g["ms"]
 
 
 def test_ghost_text_cursor_is_drawn_at_the_insertion_point(run: dict[str, Any]) -> None:

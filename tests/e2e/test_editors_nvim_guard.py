@@ -22,7 +22,6 @@ grammar wheel is not installed (the guard would be text rules only).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from support.constant_checkpoint import word_id, write_constant_checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
 
-NVIM = h.find_nvim()
 pytestmark = pytest.mark.e2e
 
 # The server options of tests/e2e/test_lsp_languages.py (camelCase: the plugin's `settings`).
@@ -67,8 +65,7 @@ def _case(name: str, file: Path, doc: str, expect: str) -> dict[str, Any]:
 
 
 def test_neovim_ghost_text_shown_where_it_fits_withheld_where_it_breaks_ts_and_go(tmp_path: Path) -> None:
-    h.need(NVIM is not None, f"Neovim not installed ({h.INSTALL_HINT})")
-    assert NVIM is not None
+    nvim = h.need_nvim()
     if not treesitter.available():
         pytest.skip("the tree-sitter package is not installed (text rules only)")
     for lang, wheel in (("typescript", "tree-sitter-typescript"), ("go", "tree-sitter-go")):
@@ -80,25 +77,14 @@ def test_neovim_ghost_text_shown_where_it_fits_withheld_where_it_breaks_ts_and_g
     cases = [_case(name, work / f, doc, expect) for name, f, doc, expect in CASES]
     for c in cases:
         Path(c["file"]).write_text(c["after"])
-    result = tmp_path / "result.json"
-    cfg = {
+    r = h.run_driver(h.nvim_argv(nvim, "nvim_guard_e2e.lua"), tmp_path, {
         "plugin_dir": str(h.EDITORS / "nvim"),
-        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
+        "cmd": h.serve_cmd(tmp_path),
         "settings": {"modelPath": str(model), "device": "cpu", **SETTINGS},
-        "result": str(result),
         "cases": cases,
         "quiet_ms": 500,
         "timeout_ms": 90_000,
-    }
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    with h.isolated_env(tmp_path, DIFFILL_E2E_CONFIG=str(tmp_path / "cfg.json")) as env:
-        p = subprocess.run(
-            [NVIM, "--headless", "--clean", "-u", str(h.DRIVERS / "nvim_guard_e2e.lua")],
-            capture_output=True, text=True, timeout=120, env=env, cwd=work,
-        )
-    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{h.tail(tmp_path / 'server.log')}"
+    }, timeout=120, cwd=work)
     got = {c["name"]: c for c in r["cases"]}
     assert list(got) == [c["name"] for c in cases]
     filetypes = {"app.ts": "typescript", "main.go": "go"}

@@ -8,8 +8,6 @@ scripted checkpoint.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
 
-NVIM = h.find_nvim()
 pytestmark = pytest.mark.e2e
 
 FILES = {
@@ -32,32 +29,20 @@ FILES = {
 
 def _run(scripted_model_dir: Path, tmp: Path, attach: list[str], skip: list[str],
          **filetypes: Any) -> dict[str, Any]:
-    h.need(NVIM is not None, f"Neovim not installed ({h.INSTALL_HINT})")
-    assert NVIM is not None
+    nvim = h.need_nvim()
     work = tmp / "work"
     work.mkdir()
     for name, text in FILES.items():
         (work / name).write_text(text)
-    result = tmp / "result.json"
-    cfg = {
+    r = h.run_driver(h.nvim_argv(nvim, "nvim_languages_e2e.lua"), tmp, {
         "plugin_dir": str(h.EDITORS / "nvim"),
-        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp / "server.log")],
+        "cmd": h.serve_cmd(tmp),
         "settings": {"modelPath": h.model_path(scripted_model_dir), "device": "cpu"},
-        "result": str(result),
         "attach": [str(work / f) for f in attach],
         "skip": [str(work / f) for f in skip],
         "timeout_ms": 150_000,
         **filetypes,
-    }
-    (tmp / "cfg.json").write_text(json.dumps(cfg))
-    with h.isolated_env(tmp, DIFFILL_E2E_CONFIG=str(tmp / "cfg.json")) as env:
-        p = subprocess.run(
-            [NVIM, "--headless", "--clean", "-u", str(h.DRIVERS / "nvim_languages_e2e.lua")],
-            capture_output=True, text=True, timeout=200, env=env, cwd=work,
-        )
-    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{h.tail(tmp / 'server.log')}"
+    }, timeout=200, cwd=work)
     r["by_name"] = {Path(f["path"]).name: f for f in r["files"]}
     return r
 

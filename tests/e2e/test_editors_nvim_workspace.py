@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "editors"))
 import editor_harness as h  # noqa: E402
 
-NVIM = h.find_nvim()
 pytestmark = pytest.mark.e2e
 
 GEOMETRY = ("def rectangle_area(width, height):\n"
@@ -29,8 +27,7 @@ ANSWER = " width * height + border_margin(width)"
 
 
 def test_neovim_gets_a_suggestion_from_the_other_file(scripted_model_dir: Path, tmp_path: Path):
-    h.need(NVIM is not None, f"Neovim not installed ({h.INSTALL_HINT})")
-    assert NVIM is not None
+    nvim = h.need_nvim()
     model = tmp_path / "model"
     shutil.copytree(scripted_model_dir, model)
     conf = json.loads((model / "config.json").read_text())
@@ -42,23 +39,13 @@ def test_neovim_gets_a_suggestion_from_the_other_file(scripted_model_dir: Path, 
     (work / "src").mkdir()
     doc = work / "src" / "main.py"
     doc.write_text(MAIN)
-    result = tmp_path / "result.json"
-    cfg = {
+    r = h.run_driver(h.nvim_argv(nvim, "nvim_workspace_e2e.lua"), tmp_path, {
         "plugin_dir": str(h.EDITORS / "nvim"),
-        "cmd": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
+        "cmd": h.serve_cmd(tmp_path),
         "settings": {"modelPath": str(model), "device": "cpu", "steps": 2, "maxTokens": 32,
                      "numCandidates": 1, "syntaxCheck": False},
-        "file": str(doc), "result": str(result), "row": 4, "timeout_ms": 200_000,
-    }
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    with h.isolated_env(tmp_path, DIFFILL_E2E_CONFIG=str(tmp_path / "cfg.json")) as env:
-        p = subprocess.run(
-            [NVIM, "--headless", "--clean", "-u", str(h.DRIVERS / "nvim_workspace_e2e.lua")],
-            capture_output=True, text=True, timeout=240, env=env, cwd=work / "src",
-        )
-    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}\n{h.tail(tmp_path / 'server.log')}"
+        "file": str(doc), "row": 4, "timeout_ms": 200_000,
+    }, timeout=240, cwd=work / "src")
     assert Path(r["root_dir"]) == work
     assert r["workspace"]["files"] == 2 and r["workspace"]["roots"] == [str(work)]
     assert [i["insertText"] for i in r["inline"]["items"]] == [ANSWER]

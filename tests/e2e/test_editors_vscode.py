@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,6 +108,46 @@ def _run_code_server_and_driver(
             _stop_group(server)
 
 
+# The workbench quiet (no start page, trust prompt, updates, tips, chat, second side bar).
+QUIET_WORKBENCH = {
+    "workbench.startupEditor": "none",
+    "security.workspace.trust.enabled": False,
+    "extensions.autoUpdate": False,
+    "extensions.autoCheckUpdates": False,
+    "telemetry.telemetryLevel": "off",
+    "chat.disableAIFeatures": True,
+    "workbench.tips.enabled": False,
+    "workbench.secondarySideBar.defaultVisibility": "hidden",
+}
+
+
+def run_vscode(vsix: Path, scripted_model_dir: Path, tmp: Path, ws: Path, editor: dict[str, object],
+               cfg: dict[str, object]) -> dict[str, Any]:
+    """One driver run on code-server with the extension serving the checkpoint on the CPU:
+    user settings ``QUIET_WORKBENCH`` and ``editor``, the extension's trace and the driver's
+    result in ``tmp``; the result, which must say ``ok``."""
+    user_data = tmp / "user-data"
+    (user_data / "User").mkdir(parents=True)
+    settings = {
+        **QUIET_WORKBENCH,
+        **editor,
+        "diffill.serverCommand": h.serve_cmd(tmp),
+        "diffill.modelPath": h.model_path(scripted_model_dir),
+        "diffill.device": "cpu",
+    }
+    (user_data / "User" / "settings.json").write_text(json.dumps(settings, indent=1))
+    trace = tmp / "trace.jsonl"
+    result = tmp / "result.json"
+    with h.isolated_env(tmp, DIFFILL_VSCODE_TRACE=str(trace)) as env:
+        p = _run_code_server_and_driver(_node_env(env), vsix, user_data, tmp / "extensions", ws, {
+            **cfg, "chromium": CHROMIUM, "trace": str(trace), "result": str(result), "timeoutMs": 150_000,
+        })
+    assert result.exists(), f"driver wrote no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    r: dict[str, Any] = json.loads(result.read_text())
+    assert r["ok"], f"{r.get('error')}\n{p.stdout[-2000:]}\n{h.tail(tmp / 'server.log')}"
+    return r
+
+
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     """Stop code-server and the processes it started (its own session): extension hosts
     and the language server must be gone before the private TMPDIR is removed."""
@@ -131,42 +172,17 @@ def test_vscode_ghost_text_accepted_with_tab(vsix: Path, scripted_model_dir: Pat
     (ws / "demo.py").write_text(text)
     row, col = h.position_of(text, h.GHOST_SPOT)
     typed_text = h.GHOST_TYPED
-    user_data = tmp_path / "user-data"
-    (user_data / "User").mkdir(parents=True)
-    settings = {
-        "workbench.startupEditor": "none",
-        "security.workspace.trust.enabled": False,
-        "extensions.autoUpdate": False,
-        "extensions.autoCheckUpdates": False,
-        "telemetry.telemetryLevel": "off",
-        "chat.disableAIFeatures": True,
-        "workbench.tips.enabled": False,
-        "workbench.secondarySideBar.defaultVisibility": "hidden",
+    r = run_vscode(vsix, scripted_model_dir, tmp_path, ws, {
         "editor.inlineSuggest.enabled": True,
         # Only the inline path: no suggest widget competing for Tab.
         "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
         "editor.suggestOnTriggerCharacters": False,
-        "diffill.serverCommand": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
-        "diffill.modelPath": h.model_path(scripted_model_dir),
-        "diffill.device": "cpu",
-    }
-    (user_data / "User" / "settings.json").write_text(json.dumps(settings, indent=1))
-    trace = tmp_path / "trace.jsonl"
-    result = tmp_path / "result.json"
-    with h.isolated_env(tmp_path, DIFFILL_VSCODE_TRACE=str(trace)) as env:
-        p = _run_code_server_and_driver(_node_env(env), vsix, user_data, tmp_path / "extensions", ws, {
-            "chromium": CHROMIUM,
-            "fileName": "demo.py",
-            "original": text,
-            "spot": {"line": row, "col": col, "typeText": typed_text},
-            "trace": str(trace),
-            "result": str(result),
-            "screenshot": str(Path(SCREENSHOT).resolve() if SCREENSHOT else tmp_path / "ghost.png"),
-            "timeoutMs": 150_000,
-        })
-    assert result.exists(), f"driver wrote no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stdout[-2000:]}\n{h.tail(tmp_path / 'server.log')}"
+    }, {
+        "fileName": "demo.py",
+        "original": text,
+        "spot": {"line": row, "col": col, "typeText": typed_text},
+        "screenshot": str(Path(SCREENSHOT).resolve() if SCREENSHOT else tmp_path / "ghost.png"),
+    })
 
     # The inline item VS Code showed (as received through vscode-languageclient).
     shown = r["shownItem"]

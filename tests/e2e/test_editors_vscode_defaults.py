@@ -12,7 +12,6 @@ extension's trace (``$DIFFILL_VSCODE_TRACE``); the scripted checkpoint's suggest
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -38,39 +37,14 @@ def test_vscode_defaults_trigger_character_then_enter_or_typing_inserts_nothing(
     text = h.SAMPLE.replace(h.GHOST_SPOT + "\n", SPOT + "\n", 1)
     (ws / "demo.py").write_text(text)
     row, col = h.position_of(text, SPOT)
-    user_data = tmp_path / "user-data"
-    (user_data / "User").mkdir(parents=True)
-    settings = {  # the workbench quiet; no editor.* setting: VS Code's defaults
-        "workbench.startupEditor": "none",
-        "security.workspace.trust.enabled": False,
-        "extensions.autoUpdate": False,
-        "extensions.autoCheckUpdates": False,
-        "telemetry.telemetryLevel": "off",
-        "chat.disableAIFeatures": True,
-        "workbench.tips.enabled": False,
-        "workbench.secondarySideBar.defaultVisibility": "hidden",
-        "diffill.serverCommand": [*h.diffill_serve_cmd(), "--log-file", str(tmp_path / "server.log")],
-        "diffill.modelPath": h.model_path(scripted_model_dir),
-        "diffill.device": "cpu",
-    }
-    (user_data / "User" / "settings.json").write_text(json.dumps(settings, indent=1))
-    trace = tmp_path / "trace.jsonl"
-    result = tmp_path / "result.json"
-    with h.isolated_env(tmp_path, DIFFILL_VSCODE_TRACE=str(trace)) as env:
-        p = vs._run_code_server_and_driver(vs._node_env(env), vsix, user_data, tmp_path / "extensions", ws, {
-            "driver": "vscode_defaults_driver.js",
-            "chromium": vs.CHROMIUM,
-            "fileName": "demo.py",
-            "original": text,
-            "spot": {"line": row, "col": col, "typeText": "["},
-            "keys": ["Enter", "x"],
-            "trace": str(trace),
-            "result": str(result),
-            "timeoutMs": 150_000,
-        })
-    assert result.exists(), f"driver wrote no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    r = json.loads(result.read_text())
-    assert r["ok"], f"{r.get('error')}\n{p.stdout[-2000:]}\n{h.tail(tmp_path / 'server.log')}"
+    # no editor.* setting: VS Code's defaults
+    r = vs.run_vscode(vsix, scripted_model_dir, tmp_path, ws, {}, {
+        "driver": "vscode_defaults_driver.js",
+        "fileName": "demo.py",
+        "original": text,
+        "spot": {"line": row, "col": col, "typeText": "["},
+        "keys": ["Enter", "x"],
+    })
 
     def squash(s: str) -> str:
         return re.sub(r"\s+", "", s)

@@ -57,6 +57,22 @@ def assert_quiet(c: RawClient) -> str:
     return err
 
 
+def loading_with_a_waiting_request(tmp: Path) -> tuple[RawClient, int]:
+    """A server whose model load is held, initialized with a progress token (the load holds
+    it: its end must not be sent), and a completion waiting for the load; the request's id."""
+    c = start(tmp, env=HOLD_LOAD)
+    c.initialize(progress=True)
+    return c, open_and_complete(c)
+
+
+def assert_exits_quietly(c: RawClient, t0: float, want_rc: int) -> None:
+    """The server exits with ``want_rc`` within ``EXIT_BOUND_S`` of ``t0``, its stderr quiet."""
+    rc, took = wait_exit(c, t0)
+    assert rc == want_rc
+    assert took < EXIT_BOUND_S, took
+    assert_quiet(c)
+
+
 def open_and_complete(c: RawClient) -> int:
     """Open a document and ask for a completion while the model loads: the request waits
     for the load (``server.wait_for_load``), so it is not answered yet. Its id."""
@@ -68,43 +84,28 @@ def open_and_complete(c: RawClient) -> int:
 
 
 def test_shutdown_and_exit_while_the_model_loads(tmp_path: Path):
-    c = start(tmp_path, env=HOLD_LOAD)
-    c.initialize(progress=True)  # the load holds a $/progress token: its end must not be sent
-    rid = open_and_complete(c)
+    c, rid = loading_with_a_waiting_request(tmp_path)
     assert c.request("diffill/status")["result"]["loading"]
     assert c.request("shutdown")["result"] is None
     res = c.wait_for(rid, 5)  # the waiting request is answered at the shutdown
     assert res.get("error", {}).get("code") == REQUEST_CANCELLED, res
     t0 = time.monotonic()
     c.notify("exit")
-    rc, took = wait_exit(c, t0)
-    assert rc == 0
-    assert took < EXIT_BOUND_S, took
-    assert_quiet(c)
+    assert_exits_quietly(c, t0, 0)
 
 
 def test_exit_without_shutdown_while_the_model_loads(tmp_path: Path):
-    c = start(tmp_path, env=HOLD_LOAD)
-    c.initialize(progress=True)
-    open_and_complete(c)
+    c, _ = loading_with_a_waiting_request(tmp_path)
     t0 = time.monotonic()
     c.notify("exit")
-    rc, took = wait_exit(c, t0)
-    assert rc == 1
-    assert took < EXIT_BOUND_S, took
-    assert_quiet(c)
+    assert_exits_quietly(c, t0, 1)
 
 
 def test_end_of_input_while_the_model_loads(tmp_path: Path):
-    c = start(tmp_path, env=HOLD_LOAD)
-    c.initialize(progress=True)
-    open_and_complete(c)
+    c, _ = loading_with_a_waiting_request(tmp_path)
     t0 = time.monotonic()
     c.proc.stdin.close()  # the editor died: no shutdown, no exit
-    rc, took = wait_exit(c, t0)
-    assert rc == 1
-    assert took < EXIT_BOUND_S, took
-    assert_quiet(c)
+    assert_exits_quietly(c, t0, 1)
 
 
 def test_shutdown_during_a_running_completion(tmp_path: Path):
@@ -128,10 +129,7 @@ def test_shutdown_during_a_running_completion(tmp_path: Path):
     assert res.get("error", {}).get("code") == REQUEST_CANCELLED, res
     assert time.monotonic() - t0 < EXIT_BOUND_S  # did not wait for the model call
     c.notify("exit")
-    rc, took = wait_exit(c, t0)
-    assert rc == 0
-    assert took < EXIT_BOUND_S, took
-    assert_quiet(c)
+    assert_exits_quietly(c, t0, 0)
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["default", "debug"])

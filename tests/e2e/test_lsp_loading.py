@@ -16,13 +16,16 @@ it loads), so "still loading" holds on any machine. The scripted checkpoint answ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from _lsp_raw import SERVE, RawClient, server_env
+from _lsp_status import status, wait_status
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
@@ -39,7 +42,10 @@ ANSWER = "v * v for v in values]"
 URI = "file:///tmp/diffill_loading/doc.py"
 
 
-async def start(model: Path) -> LanguageClient:
+@contextlib.asynccontextmanager
+async def loading(model: Path) -> AsyncIterator[LanguageClient]:
+    """A server whose model load is held ``DELAY_MS``, initialized, ``DOC`` open; shut down
+    after the test."""
     cfg = ClientServerConfig(
         server_command=[*SERVER, "--model", str(model)], server_env={**os.environ, **HOLD},
     )
@@ -48,11 +54,10 @@ async def start(model: Path) -> LanguageClient:
         capabilities=client_capabilities("neovim@v0.11.0"), initialization_options=OPTS))
     client.text_document_did_open(types.DidOpenTextDocumentParams(
         text_document=types.TextDocumentItem(uri=URI, language_id="python", version=1, text=DOC)))
-    return client
-
-
-async def status(client: LanguageClient):
-    return await client.protocol.send_request_async("diffill/status", None)
+    try:
+        yield client
+    finally:
+        await client.shutdown_session()
 
 
 def inline(client: LanguageClient) -> asyncio.Future:
@@ -69,8 +74,7 @@ def texts(result) -> list[str]:
 
 @pytest.mark.asyncio
 async def test_a_request_while_the_model_loads_waits_for_it(scripted_model_dir: Path) -> None:
-    client = await start(scripted_model_dir)
-    try:
+    async with loading(scripted_model_dir) as client:
         t0 = time.monotonic()
         fut = inline(client)
         await asyncio.sleep(0.3)
@@ -84,14 +88,11 @@ async def test_a_request_while_the_model_loads_waits_for_it(scripted_model_dir: 
         st = await status(client)
         assert st.loaded is True and st.waited_for_load == 1 and st.not_ready == 0, st
         assert st.p95_ms < DELAY_MS, st  # latencies count the completion, not the wait
-    finally:
-        await client.shutdown_session()
 
 
 @pytest.mark.asyncio
 async def test_a_newer_request_supersedes_the_waiting_one(scripted_model_dir: Path) -> None:
-    client = await start(scripted_model_dir)
-    try:
+    async with loading(scripted_model_dir) as client:
         first = inline(client)
         await asyncio.sleep(0.3)
         second = inline(client)
@@ -101,14 +102,11 @@ async def test_a_newer_request_supersedes_the_waiting_one(scripted_model_dir: Pa
         assert not second.done()
         r2 = await asyncio.wait_for(second, 60)
         assert texts(r2) == [ANSWER], r2
-    finally:
-        await client.shutdown_session()
 
 
 @pytest.mark.asyncio
 async def test_cancel_request_stops_the_wait_not_the_load(scripted_model_dir: Path) -> None:
-    client = await start(scripted_model_dir)
-    try:
+    async with loading(scripted_model_dir) as client:
         fut = inline(client)
         await asyncio.sleep(0.3)
         rid = max(client.protocol._request_futures)  # the inline request's id
@@ -116,13 +114,8 @@ async def test_cancel_request_stops_the_wait_not_the_load(scripted_model_dir: Pa
         with pytest.raises(JsonRpcException) as exc:
             await asyncio.wait_for(fut, 1.5)
         assert exc.value.code == -32800  # RequestCancelled, before the load ends
-        t0 = time.monotonic()
-        while not (await status(client)).loaded:  # the load went on
-            assert time.monotonic() - t0 < 60
-            await asyncio.sleep(0.1)
+        await wait_status(client, lambda st: st.loaded, "the load did not go on", 60)
         assert texts(await asyncio.wait_for(inline(client), 30)) == [ANSWER]
-    finally:
-        await client.shutdown_session()
 
 
 def test_completion_requests_write_nothing_at_info_to_stderr(scripted_model_dir: Path, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from _lsp_status import status, wait_status
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
@@ -84,18 +85,8 @@ async def start(model: Path | str, spec: str, init: dict | None, env: dict[str, 
     return client
 
 
-async def status(client: LanguageClient) -> Any:
-    return await client.protocol.send_request_async("diffill/status", None)
-
-
 async def wait_loaded(client: LanguageClient, timeout: float = 90.0) -> Any:
-    t0 = time.monotonic()
-    while True:
-        st = await status(client)
-        if st.loaded or st.error:
-            return st
-        assert time.monotonic() - t0 < timeout, "model did not load"
-        await asyncio.sleep(0.1)
+    return await wait_status(client, lambda st: st.loaded or st.error, "model did not load", timeout)
 
 
 def open_doc(client: LanguageClient, text: str, name: str = "") -> str:

@@ -10,17 +10,16 @@ file of the workspace, which the editor never opened.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from _lsp_status import status, wait_status
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
@@ -76,18 +75,9 @@ async def start(model: Path, root: Path, options: dict[str, Any]) -> LanguageCli
     return client
 
 
-async def status(client: LanguageClient) -> Any:
-    return await client.protocol.send_request_async("diffill/status", None)
-
-
 async def ready(client: LanguageClient, timeout: float = 90.0) -> Any:
-    t0 = time.monotonic()
-    while True:
-        st = await status(client)
-        if (st.loaded or st.error) and st.workspace.state == "ready":
-            return st
-        assert time.monotonic() - t0 < timeout, "model or workspace index not ready"
-        await asyncio.sleep(0.1)
+    return await wait_status(client, lambda st: (st.loaded or st.error) and st.workspace.state == "ready",
+                             "model or workspace index not ready", timeout)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -140,13 +140,18 @@ class Replica:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 30)
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """Terminate ``proc`` if it still runs; killed when it outlives ``grace_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
@@ -185,12 +190,7 @@ class Proxy:
         return self.stats()[server]["status"]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc, 10)
 
 
 class Team:

@@ -121,45 +121,36 @@ def _dream_config(vocab: int, **ids: int | None) -> dict:
 DREAM_TOKENS = QWEN25_ADDED + ("<|beginoftext|>", "<|mask|>")  # 151665, 151666
 
 
-def write_dream_coder(folder: Path) -> Written | None:
-    """Dream-org/Dream-Coder-v0-Instruct-7B's layout (config bos 151665, eos = pad = 151643)."""
-    added = _added(151643, DREAM_TOKENS)
+def _write_dream_layout(folder: Path, name: str, extra: tuple[str, ...], bos_id: int) -> Written | None:
+    """A Dream-family checkpoint's files: the slow Qwen tokenizer with ``DREAM_TOKENS`` and
+    ``extra`` added (from 151643), its bos / eos = pad / mask tokens, and a Dream config of
+    152064 rows whose bos is ``bos_id`` (eos = pad = 151643, mask 151666)."""
+    added = _added(151643, DREAM_TOKENS + extra)
     if not _qwen_tokenizer(folder, added, fast=False, bos_token="<|beginoftext|>",
                            eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                            mask_token="<|mask|>"):
         return None
     _write_json(folder / "config.json", _dream_config(
-        152064, bos_token_id=151665, eos_token_id=151643, pad_token_id=151643,
+        152064, bos_token_id=bos_id, eos_token_id=151643, pad_token_id=151643,
         mask_token_id=151666))
-    return Written(folder, "dream", added)
+    return Written(folder, name, added)
+
+
+def write_dream_coder(folder: Path) -> Written | None:
+    """Dream-org/Dream-Coder-v0-Instruct-7B's layout (config bos 151665, eos = pad = 151643)."""
+    return _write_dream_layout(folder, "dream", (), bos_id=151665)
 
 
 def write_diffucoder_instruct(folder: Path) -> Written | None:
     """apple/DiffuCoder-7B-Instruct's layout: config bos = eos = pad = 151643, mask 151666;
     the tokenizer carries <|dlm_pad|> (its id here, 151667, is the test's choice)."""
-    added = _added(151643, DREAM_TOKENS + ("<|dlm_pad|>",))
-    if not _qwen_tokenizer(folder, added, fast=False, bos_token="<|beginoftext|>",
-                           eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                           mask_token="<|mask|>"):
-        return None
-    _write_json(folder / "config.json", _dream_config(
-        152064, bos_token_id=151643, eos_token_id=151643, pad_token_id=151643,
-        mask_token_id=151666))
-    return Written(folder, "diffucoder-instruct", added)
+    return _write_dream_layout(folder, "diffucoder-instruct", ("<|dlm_pad|>",), bos_id=151643)
 
 
 def write_dreamon(folder: Path) -> Written | None:
     """Dream-org/DreamOn-v0-7B: Dream-Coder plus <|expand|> and <|delete|> (ids here the
     test's choice; the recipe finds them by name)."""
-    added = _added(151643, DREAM_TOKENS + ("<|expand|>", "<|delete|>"))
-    if not _qwen_tokenizer(folder, added, fast=False, bos_token="<|beginoftext|>",
-                           eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                           mask_token="<|mask|>"):
-        return None
-    _write_json(folder / "config.json", _dream_config(
-        152064, bos_token_id=151665, eos_token_id=151643, pad_token_id=151643,
-        mask_token_id=151666))
-    return Written(folder, "dreamon", added)
+    return _write_dream_layout(folder, "dreamon", ("<|expand|>", "<|delete|>"), bos_id=151665)
 
 
 def write_open_dcoder(folder: Path) -> Written | None:

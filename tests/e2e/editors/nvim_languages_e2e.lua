@@ -8,52 +8,18 @@
 -- Records the filetypes vim.lsp.config resolved for diffill, require('diffill').filetypes(),
 -- and per opened file its 'filetype' and whether an initialized diffill client is attached.
 -- The checks are made by the pytest side.
-local cfg = vim.json.decode(table.concat(vim.fn.readfile(os.getenv('DIFFILL_E2E_CONFIG')), '\n'))
-local R = { files = {} }
+-- The shared steps (config, result, poll, client): nvim_driver.lua.
+local D = dofile(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)) .. '/nvim_driver.lua')
+local cfg = D.init({ files = {} }, 60000)
+local R, finish = D.R, D.finish
 
-local function finish(ok, err)
-  R.ok, R.error = ok, err
-  vim.fn.writefile({ vim.json.encode(R) }, cfg.result)
-  vim.cmd(ok and 'qa!' or 'cq!')
-end
-vim.defer_fn(function()
-  finish(false, 'watchdog timeout')
-end, cfg.timeout_ms or 60000)
-
---- k(v) once cond() is truthy, or k(nil) after `timeout` ms.
-local function poll(cond, k, timeout)
-  local deadline = vim.uv.now() + timeout
-  local function tick()
-    local ok, v = pcall(cond)
-    if not ok then
-      return finish(false, tostring(v))
-    end
-    if v or vim.uv.now() > deadline then
-      local ok2, e = pcall(k, v or nil)
-      if not ok2 then
-        finish(false, tostring(e))
-      end
-      return
-    end
-    vim.defer_fn(tick, 50)
-  end
-  tick()
-end
-
-vim.o.swapfile = false
-vim.opt.rtp:prepend(cfg.plugin_dir)
-local opts = { cmd = cfg.cmd, settings = cfg.settings }
+local opts = {}
 if cfg.filetypes ~= nil then
   opts.filetypes = cfg.filetypes
 end
-require('diffill').setup(opts)
+D.setup(opts)
 R.resolved = vim.lsp.config.diffill.filetypes or vim.NIL
 R.module = require('diffill').filetypes() or vim.NIL
-
-local function attached(bufnr)
-  local c = vim.lsp.get_clients({ bufnr = bufnr, name = 'diffill' })[1]
-  return c and c.initialized and c
-end
 
 local queue = {}
 for _, f in ipairs(cfg.attach or {}) do
@@ -70,8 +36,8 @@ local function open_next(i)
   end
   vim.cmd.edit(item.path)
   local bufnr = vim.api.nvim_get_current_buf()
-  poll(function()
-    return attached(bufnr)
+  D.poll_soft('diffill client attached to ' .. item.path, function()
+    return D.client(bufnr)
   end, function(c)
     R.files[#R.files + 1] = {
       path = item.path,

@@ -3,44 +3,12 @@
 -- asks for an inline completion and a completion at the end of `row`.
 --   $DIFFILL_E2E_CONFIG = JSON { plugin_dir, cmd, settings, file, result, row, timeout_ms }
 -- Writes a JSON result; the checks are made by the pytest side.
-local cfg = vim.json.decode(table.concat(vim.fn.readfile(os.getenv('DIFFILL_E2E_CONFIG')), '\n'))
-local R = {}
+-- The shared steps (config, result, poll, client): nvim_driver.lua.
+local D = dofile(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)) .. '/nvim_driver.lua')
+local cfg = D.init({}, 120000)
+local R, finish, poll = D.R, D.finish, D.poll
 
-local function finish(ok, err)
-  R.ok, R.error = ok, err
-  vim.fn.writefile({ vim.json.encode(R) }, cfg.result)
-  vim.cmd(ok and 'qa!' or 'cq!')
-end
-vim.defer_fn(function()
-  finish(false, 'watchdog timeout')
-end, cfg.timeout_ms or 120000)
-
-local function poll(what, cond, k, timeout)
-  local deadline = vim.uv.now() + (timeout or 60000)
-  local function tick()
-    local ok, v = pcall(cond)
-    if not ok then
-      return finish(false, what .. ': ' .. tostring(v))
-    end
-    if v then
-      local ok2, e = pcall(k, v)
-      if not ok2 then
-        finish(false, what .. ' (continuation): ' .. tostring(e))
-      end
-      return
-    end
-    if vim.uv.now() > deadline then
-      return finish(false, 'timeout waiting for ' .. what)
-    end
-    vim.defer_fn(tick, 50)
-  end
-  tick()
-end
-
-vim.o.swapfile = false
-vim.opt.rtp:prepend(cfg.plugin_dir)
-require('diffill').setup({ cmd = cfg.cmd, filetypes = { 'python' }, settings = cfg.settings,
-                           autotrigger = false })
+D.setup({ filetypes = { 'python' }, autotrigger = false })
 
 vim.api.nvim_create_autocmd('VimEnter', {
   nested = true,
@@ -48,8 +16,7 @@ vim.api.nvim_create_autocmd('VimEnter', {
     vim.cmd.edit(cfg.file)
     local bufnr = vim.api.nvim_get_current_buf()
     poll('diffill client attached', function()
-      local c = vim.lsp.get_clients({ bufnr = bufnr, name = 'diffill' })[1]
-      return c and c.initialized and c
+      return D.client(bufnr)
     end, function(client)
       R.root_dir = client.config.root_dir
       poll('model loaded and workspace indexed', function()
@@ -75,6 +42,6 @@ vim.api.nvim_create_autocmd('VimEnter', {
         R.last_context = after and after.result and after.result.last_context
         finish(true)
       end, 100000)
-    end)
+    end, 60000)
   end,
 })

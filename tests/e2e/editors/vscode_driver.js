@@ -10,181 +10,112 @@
 // Usage: node vscode_driver.js CONFIG.json      (exit 0: the run completed; the checks are pytest's)
 // CONFIG: { url, chromium, fileName, original (the document's text), trace, result, screenshot,
 //          timeoutMs, spot: { line, col (0-based), typeText } }
+// The shared steps (config, trace, polling, opening the file, the run): vscode_common.js.
 'use strict';
-const fs = require('fs');
-const { chromium } = require('playwright-core');
+const { cfg, sleep, ms, traceEvents, until, GHOST, openFile, goTo, run } = require('./vscode_common');
 
-const cfg = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const t0 = Date.now();
-const ms = () => Date.now() - t0;
 const R = { steps: {} };
 
-function traceEvents() {
-  if (!fs.existsSync(cfg.trace)) return [];
-  return fs
-    .readFileSync(cfg.trace, 'utf8')
-    .split('\n')
-    .filter((l) => l.trim())
-    .map((l) => JSON.parse(l));
-}
+run(R, async (page) => {
+  await openFile(page, (step) => { R.steps[step] = ms(); });
 
-async function until(what, fn, timeoutMs) {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timeout waiting for ${what}`);
-    await sleep(25);
-  }
-}
+  // Ghost text pieces in document order (outermost matching elements only): VS Code draws
+  // the first line as inline decorations (possibly several spans) and further lines in a
+  // view zone below.
+  const readGhost = () => page.$$eval(GHOST, (els, sel) => els
+    .filter((e) => !e.parentElement || !e.parentElement.closest(sel))
+    .map((e) => e.textContent.replace(/\u00a0/g, ' ')), GHOST);
 
-const GHOST = '.ghost-text-decoration, .ghost-text';
-
-(async () => {
-  const browser = await chromium.launch({
-    executablePath: cfg.chromium || '/usr/bin/chromium',
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
-  });
-  const page = await browser.newPage({ viewport: { width: 860, height: 400 } });
-  page.on('pageerror', (e) => console.log('pageerror', String(e).slice(0, 200)));
-  try {
-    await page.goto(cfg.url);
-    await page.waitForSelector('.monaco-workbench', { timeout: cfg.timeoutMs });
-    R.steps.workbench = ms();
-    // The extension is active, its server initialized and the model loaded (diffill/status).
-    await until('model loaded', () => traceEvents().some((e) => e.event === 'status' && e.status && e.status.loaded),
-      cfg.timeoutMs);
-    R.steps.serverUp = ms();
-    // Hide the side bar (the explorer opens with the folder): more room for the editor.
-    if (await page.$('.part.sidebar.visible, .part.sidebar:not(.hidden)')) {
-      await page.keyboard.press('Control+B');
-    }
-
-    // Quick Open -> file name -> Enter, as a user would.
-    await page.keyboard.press('Control+P');
-    await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
-    await page.keyboard.type(cfg.fileName, { delay: 10 });
-    await until('quick open result', () => page.$('.quick-input-list .monaco-list-row'), 10000);
-    await page.keyboard.press('Enter');
-    await page.waitForSelector('.editor-instance .monaco-editor .view-lines', { timeout: 10000 });
-    await until('editor focus', () => page.evaluate(() => !!document.activeElement?.closest('.monaco-editor')), 10000);
-    R.steps.fileOpen = ms();
-
-    // Ghost text pieces in document order (outermost matching elements only): VS Code draws
-    // the first line as inline decorations (possibly several spans) and further lines in a
-    // view zone below.
-    const readGhost = () => page.$$eval(GHOST, (els, sel) => els
-      .filter((e) => !e.parentElement || !e.parentElement.closest(sel))
-      .map((e) => e.textContent.replace(/\u00a0/g, ' ')), GHOST);
-
-    // Go to line:column (Ctrl+G, 1-based), type, and wait for the ghost text (the spot has a
-    // suggestion: the scripted checkpoint's).
-    let typedAt = 0;
-    let nInline = 0;
-    let shown = false;
-    const requestsSoFar = () => traceEvents().filter((e) => e.event === 'inline-request').length;
-    const undoToOriginal = async () => {
-      await page.keyboard.press('Escape');
-      await page.keyboard.press('Control+Z'); // back to the original document
-      await until('undo', () => {
-        const t = traceEvents().filter((e) => e.event === 'text');
-        return t.length && t[t.length - 1].text === cfg.original;
-      }, 10000);
-    };
-    const spot = cfg.spot;
-    for (let attempt = 0; !shown; attempt++) {
-      await page.keyboard.press('Control+G');
-      await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
-      await page.keyboard.type(`${spot.line + 1}:${spot.col + 1}`);
-      await page.keyboard.press('Enter');
-      await until('cursor placed', () => page.evaluate(() => !!document.activeElement?.closest('.monaco-editor')), 10000);
-      nInline = traceEvents().filter((e) => e.event === 'inline').length;
-      const nRequests = requestsSoFar();
-      typedAt = ms();
-      await page.keyboard.type(spot.typeText, { delay: 40 });
-      const at = [spot.line, spot.col + spot.typeText.length];
-      // VS Code asks by itself after a keystroke, but now and then it does not (seen right
-      // after the file opened): then ask the way a user would, with Alt+\ (Trigger Inline
-      // Suggestion), and if that is not heard either, type the spot again.
-      let asked = await until('inline request', () => requestsSoFar() > nRequests, 3000).catch(() => false);
-      if (!asked) {
-        R.manualTriggers = (R.manualTriggers || 0) + 1;
-        await page.keyboard.press('Alt+Backslash');
-        asked = await until('inline request', () => requestsSoFar() > nRequests, 5000).catch(() => false);
-      }
-      if (!asked) {
-        if (attempt >= 2) throw new Error('VS Code sent no inline completion request');
-        R.retypes = (R.retypes || 0) + 1;
-        await undoToOriginal();
-        await sleep(1000);
-        continue;
-      }
-      shown = await until('ghost text in the DOM', async () => (await readGhost()).join('').trim(),
-        cfg.timeoutMs).catch((e) => {
-        const ev = traceEvents();
-        const asked = ev.filter((x) => x.event === 'inline-request').length;
-        const answers = ev.filter((x) => x.event === 'inline').slice(nInline)
-          .filter((x) => x.position[0] === at[0] && x.position[1] === at[1]);
-        throw new Error(`${e.message} (${asked} inline requests so far, answers at the spot: ` +
-          `${JSON.stringify(answers)})`);
-      });
-    }
-    R.ghostMs = ms() - typedAt;
-    await sleep(150); // let VS Code settle (it may re-render once after the item arrived)
-    R.ghostDom = await readGhost();
-    const inline = traceEvents().filter((e) => e.event === 'inline');
-    R.inlineRequests = inline.length - nInline;
-    R.shownItem = [...inline].reverse().find((e) => e.items.length > 0) || null;
-    const texts = traceEvents().filter((e) => e.event === 'text');
-    R.textBeforeAccept = texts.length ? texts[texts.length - 1].text : null;
-    if (cfg.screenshot) await page.screenshot({ path: cfg.screenshot });
-    R.statusBar = await page.$$eval('.statusbar-item', (els) =>
-      els.map((e) => e.textContent.trim()).filter((t) => t.includes('diffill')));
-
-    // Accept with Tab, in the browser.
-    const nText = texts.length;
-    await page.keyboard.press('Tab');
-    const after = await until('document change after Tab', () => {
-      const t = traceEvents().filter((e) => e.event === 'text');
-      return t.length > nText ? t[nText] : null;
-    }, 10000);
-    R.textAfterAccept = after.text;
-    R.acceptMs = ms();
-
-    // "diffill: Toggle" from the command palette: the setting flips, the extension pushes it
-    // with workspace/didChangeConfiguration and the status bar says off.
+  // Go to line:column (Ctrl+G, 1-based), type, and wait for the ghost text (the spot has a
+  // suggestion: the scripted checkpoint's).
+  let typedAt = 0;
+  let nInline = 0;
+  let shown = false;
+  const requestsSoFar = () => traceEvents().filter((e) => e.event === 'inline-request').length;
+  const undoToOriginal = async () => {
     await page.keyboard.press('Escape');
-    await page.keyboard.press('Control+Shift+P');
-    await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
-    await page.keyboard.type('diffill: Toggle', { delay: 10 });
-    await until('command in the palette', () => page.$('.quick-input-list .monaco-list-row'), 10000);
-    await page.keyboard.press('Enter');
-    const off = await until('status after toggle', () =>
-      traceEvents().find((e) => e.event === 'status' && e.on === false && e.status && e.status.options), 10000);
-    R.serverEnabledAfterToggle = off.status.options.enabled;
-    R.statusBarAfterToggle = await until('status bar says off', async () => {
-      const t = await page.$$eval('.statusbar-item', (els) => els.map((e) => e.textContent.trim()));
-      return t.find((x) => x.includes('diffill off')) || null;
+    await page.keyboard.press('Control+Z'); // back to the original document
+    await until('undo', () => {
+      const t = traceEvents().filter((e) => e.event === 'text');
+      return t.length && t[t.length - 1].text === cfg.original;
     }, 10000);
-    R.ok = true;
-  } catch (e) {
-    R.ok = false;
-    R.error = String(e && e.stack ? e.stack : e);
-    R.focus = await page.evaluate(() => {
-      const a = document.activeElement;
-      return a ? `${a.tagName}.${a.className} in ${a.closest('[class]')?.className}` : null;
-    }).catch(() => null);
-    R.notifications = await page.$$eval('.notification-toast, .notifications-toasts .monaco-list-row',
-      (els) => els.map((x) => x.textContent.trim().slice(0, 200))).catch(() => null);
-    await page.screenshot({ path: cfg.result.replace(/\.json$/, '-failure.png') }).catch(() => undefined);
-  } finally {
-    R.totalMs = ms();
-    fs.writeFileSync(cfg.result, JSON.stringify(R, null, 1));
-    await browser.close();
+  };
+  const spot = cfg.spot;
+  for (let attempt = 0; !shown; attempt++) {
+    await goTo(page, spot);
+    nInline = traceEvents().filter((e) => e.event === 'inline').length;
+    const nRequests = requestsSoFar();
+    typedAt = ms();
+    await page.keyboard.type(spot.typeText, { delay: 40 });
+    const at = [spot.line, spot.col + spot.typeText.length];
+    // VS Code asks by itself after a keystroke, but now and then it does not (seen right
+    // after the file opened): then ask the way a user would, with Alt+\ (Trigger Inline
+    // Suggestion), and if that is not heard either, type the spot again.
+    let asked = await until('inline request', () => requestsSoFar() > nRequests, 3000).catch(() => false);
+    if (!asked) {
+      R.manualTriggers = (R.manualTriggers || 0) + 1;
+      await page.keyboard.press('Alt+Backslash');
+      asked = await until('inline request', () => requestsSoFar() > nRequests, 5000).catch(() => false);
+    }
+    if (!asked) {
+      if (attempt >= 2) throw new Error('VS Code sent no inline completion request');
+      R.retypes = (R.retypes || 0) + 1;
+      await undoToOriginal();
+      await sleep(1000);
+      continue;
+    }
+    shown = await until('ghost text in the DOM', async () => (await readGhost()).join('').trim(),
+      cfg.timeoutMs).catch((e) => {
+      const ev = traceEvents();
+      const asked = ev.filter((x) => x.event === 'inline-request').length;
+      const answers = ev.filter((x) => x.event === 'inline').slice(nInline)
+        .filter((x) => x.position[0] === at[0] && x.position[1] === at[1]);
+      throw new Error(`${e.message} (${asked} inline requests so far, answers at the spot: ` +
+        `${JSON.stringify(answers)})`);
+    });
   }
-})().catch((e) => {
-  console.error('DRIVER FAIL', e);
-  process.exit(2);
+  R.ghostMs = ms() - typedAt;
+  await sleep(150); // let VS Code settle (it may re-render once after the item arrived)
+  R.ghostDom = await readGhost();
+  const inline = traceEvents().filter((e) => e.event === 'inline');
+  R.inlineRequests = inline.length - nInline;
+  R.shownItem = [...inline].reverse().find((e) => e.items.length > 0) || null;
+  const texts = traceEvents().filter((e) => e.event === 'text');
+  R.textBeforeAccept = texts.length ? texts[texts.length - 1].text : null;
+  if (cfg.screenshot) await page.screenshot({ path: cfg.screenshot });
+  R.statusBar = await page.$$eval('.statusbar-item', (els) =>
+    els.map((e) => e.textContent.trim()).filter((t) => t.includes('diffill')));
+
+  // Accept with Tab, in the browser.
+  const nText = texts.length;
+  await page.keyboard.press('Tab');
+  const after = await until('document change after Tab', () => {
+    const t = traceEvents().filter((e) => e.event === 'text');
+    return t.length > nText ? t[nText] : null;
+  }, 10000);
+  R.textAfterAccept = after.text;
+  R.acceptMs = ms();
+
+  // "diffill: Toggle" from the command palette: the setting flips, the extension pushes it
+  // with workspace/didChangeConfiguration and the status bar says off.
+  await page.keyboard.press('Escape');
+  await page.keyboard.press('Control+Shift+P');
+  await page.waitForSelector('.quick-input-widget input', { state: 'visible', timeout: 10000 });
+  await page.keyboard.type('diffill: Toggle', { delay: 10 });
+  await until('command in the palette', () => page.$('.quick-input-list .monaco-list-row'), 10000);
+  await page.keyboard.press('Enter');
+  const off = await until('status after toggle', () =>
+    traceEvents().find((e) => e.event === 'status' && e.on === false && e.status && e.status.options), 10000);
+  R.serverEnabledAfterToggle = off.status.options.enabled;
+  R.statusBarAfterToggle = await until('status bar says off', async () => {
+    const t = await page.$$eval('.statusbar-item', (els) => els.map((e) => e.textContent.trim()));
+    return t.find((x) => x.includes('diffill off')) || null;
+  }, 10000);
+}, async (page) => {
+  R.focus = await page.evaluate(() => {
+    const a = document.activeElement;
+    return a ? `${a.tagName}.${a.className} in ${a.closest('[class]')?.className}` : null;
+  }).catch(() => null);
+  R.notifications = await page.$$eval('.notification-toast, .notifications-toasts .monaco-list-row',
+    (els) => els.map((x) => x.textContent.trim().slice(0, 200))).catch(() => null);
 });

@@ -6,7 +6,8 @@ import json
 
 import msgspec
 import pytest
-from diffill.model.config import ConfigError, DiffillDialect, ModelConfig, parse_config, read_config
+from diffill.model.config import ConfigError, DiffillDialect, parse_config, read_config
+from support import tiny_config
 
 QWEN2 = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -166,24 +167,8 @@ def test_llada_unsupported_switches(field, value):
 
 
 def test_diffill_dialect_roundtrip(tmp_path):
-    cfg = ModelConfig(
-        family="diffill",
-        vocab_size=100,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=3,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        rope_theta=5000.0,
-        qk_norm=True,
-        tie_embeddings=True,
-        mask_token_id=3,
-        pad_token_id=2,
-        eos_token_id=1,
-        bos_token_id=0,
-        max_position_embeddings=512,
-    )
+    cfg = tiny_config(vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=3, head_dim=16,
+                      rope_theta=5000.0, max_position_embeddings=512)
     d = DiffillDialect.from_model_config(cfg, {"seed": 1})
     (tmp_path / "config.json").write_bytes(msgspec.json.encode(d))
     back, dialect = read_config(tmp_path)

@@ -3,8 +3,6 @@ requests, the dual KV cache, shape buckets, the fused select step, the step plan
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -78,20 +76,8 @@ def test_requests_with_different_steps_are_not_mixed_but_all_answered():
     lm = make_lm()
     reqs = prompts(4, seed=1)
     eng = Engine(lm, SamplerConfig(steps=3), options=EngineOptions(max_batch_rows=5, context="row"))
-    out: list = [None] * 4
-
-    def work(i: int) -> None:
-        pre, suf, lens = reqs[i]
-        out[i] = eng.infill(pre, suf, lengths=lens, steps=2 + i % 2)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    with eng._lock:
-        for t in threads:
-            t.start()
-        while len(eng._queue) < 4:
-            time.sleep(0.005)
-    for t in threads:
-        t.join()
+    out = one_batch(eng, [lambda r=r, i=i: eng.infill(r[0], r[1], lengths=r[2], steps=2 + i % 2)
+                          for i, r in enumerate(reqs)])
     for i, (pre, suf, lens) in enumerate(reqs):
         _assert_same(out[i], infill(lm.model, lm.config, pre, suf,
                                     SamplerConfig(steps=2 + i % 2, lengths=lens)))
@@ -108,23 +94,8 @@ def test_cancelled_request_leaves_the_batch_and_the_others_finish():
         calls["n"] += 1
         return calls["n"] > 3  # cancelled in the middle of the loop
 
-    out: list = [None] * 4
-
-    def work(i: int) -> None:
-        pre, suf, lens = reqs[i]
-        try:
-            out[i] = eng.infill(pre, suf, lengths=lens, cancel=cancel_third if i == 2 else None)
-        except InfillCancelled as e:
-            out[i] = e
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    with eng._lock:
-        for t in threads:
-            t.start()
-        while len(eng._queue) < 4:
-            time.sleep(0.005)
-    for t in threads:
-        t.join()
+    out = one_batch(eng, [lambda r=r, i=i: eng.infill(r[0], r[1], lengths=r[2], cancel=cancel_third if i == 2 else None)
+                          for i, r in enumerate(reqs)])
     assert isinstance(out[2], InfillCancelled)
     for i in (0, 1, 3):
         pre, suf, lens = reqs[i]
@@ -223,23 +194,8 @@ def test_static_buffer_loop_freezes_cancelled_rows():
         calls["n"] += 1
         return calls["n"] > 2
 
-    out: list = [None] * 3
-
-    def work(i: int) -> None:
-        pre, suf, lens = reqs[i]
-        try:
-            out[i] = eng.infill(pre, suf, lengths=lens, cancel=cancel if i == 1 else None)
-        except InfillCancelled as e:
-            out[i] = e
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    with eng._lock:
-        for t in threads:
-            t.start()
-        while len(eng._queue) < 3:
-            time.sleep(0.005)
-    for t in threads:
-        t.join()
+    out = one_batch(eng, [lambda r=r, i=i: eng.infill(r[0], r[1], lengths=r[2], cancel=cancel if i == 1 else None)
+                          for i, r in enumerate(reqs)])
     assert isinstance(out[1], InfillCancelled)
     for i in (0, 2):
         pre, suf, lens = reqs[i]

@@ -26,42 +26,10 @@ from diffill.model.sampler import (
 )
 from diffill.model.transformer import Transformer
 from support import tiny_model
+from support.mock_vocab import BOS, EOS, MASK, PAD, V, logits_from_probs, mock_cfg
 from torch import nn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# mock vocabulary: 0..11 ordinary tokens, then the specials
-V = 16
-BOS, EOS, PAD, MASK = 12, 13, 14, 15
-NEG = -1e4  # "impossible" logit (exp underflows to 0 in fp32)
-
-
-def mock_cfg(**kw) -> ModelConfig:
-    base = dict(
-        family="diffill",
-        vocab_size=V,
-        hidden_size=V,
-        intermediate_size=V,
-        num_layers=1,
-        num_heads=1,
-        num_kv_heads=1,
-        head_dim=V,
-        mask_token_id=MASK,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        bos_token_id=BOS,
-        max_position_embeddings=256,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-def logits_from_probs(probs: dict[int, float]) -> torch.Tensor:
-    out = torch.full((V,), NEG)
-    for t, p in probs.items():
-        out[t] = math.log(p)
-    return out
 
 
 class MockModel(nn.Module):

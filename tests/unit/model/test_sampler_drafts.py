@@ -26,14 +26,12 @@ from diffill.model.sampler import (
     infill_reference,
 )
 from support import one_batch, tiny_config, tiny_lm, tiny_model
+from support.mock_vocab import EOS, MASK, PAD, V, logits_from_probs, mock_cfg
 from torch import nn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # ---------------------------------------------------------------- a designed model
-V = 16
-BOS, EOS, PAD, MASK = 12, 13, 14, 15
-NEG = -1e4
 PREFIX, SUFFIX = [1, 2], [3]
 S0 = 1 + len(PREFIX)
 
@@ -46,17 +44,8 @@ SLOTS = [
 
 
 def cfg() -> ModelConfig:
-    return ModelConfig(family="diffill", vocab_size=V, hidden_size=V, intermediate_size=V,
-                       num_layers=1, num_heads=1, num_kv_heads=1, head_dim=V, mask_token_id=MASK,
-                       pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
-                       max_position_embeddings=64)
+    return mock_cfg(max_position_embeddings=64)
 
-
-def logits_of(probs: dict[int, float]) -> torch.Tensor:
-    out = torch.full((V,), NEG)
-    for t, p in probs.items():
-        out[t] = math.log(p)
-    return out
 
 
 class Designed(nn.Module):
@@ -71,8 +60,8 @@ class Designed(nn.Module):
     def forward_hidden(self, ids, attention_mask=None, **_):
         self.forwards += 1
         B, T = ids.shape
-        out = torch.stack([logits_of(SLOTS[p - S0]) if 0 <= p - S0 < len(SLOTS)
-                           else logits_of({PAD: 1.0}) for p in range(T)])
+        out = torch.stack([logits_from_probs(SLOTS[p - S0]) if 0 <= p - S0 < len(SLOTS)
+                           else logits_from_probs({PAD: 1.0}) for p in range(T)])
         return out.expand(B, T, V).clone(), None
 
     def head(self, h):

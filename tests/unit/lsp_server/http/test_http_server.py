@@ -19,7 +19,6 @@ import gzip
 import json
 import logging
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import msgspec
@@ -46,11 +45,6 @@ OPTS = CompletionOptions(steps=2)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def backend(model_dir: Path) -> LocalBackend:
-    return load_local_backend(str(model_dir))
 
 
 BASE_URLS: dict[int, str] = {}

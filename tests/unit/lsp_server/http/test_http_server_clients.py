@@ -19,12 +19,10 @@ it writes `` total``.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
-from diffill.lsp_server.backend.backends import LocalBackend, load_local_backend
 from diffill.lsp_server.completion.options import CompletionOptions
 from diffill.lsp_server.http.http_server import HttpConfig, HttpFront, Listener
 from diffill.lsp_server.text.fim_prompt import split_fim_prompt
@@ -35,11 +33,6 @@ TOKEN = "client-key-42-abcdef"
 OPTS = CompletionOptions(steps=2)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def backend(model_dir: Path) -> LocalBackend:
-    return load_local_backend(str(model_dir))
 
 
 @pytest_asyncio.fixture

@@ -17,13 +17,12 @@ import json
 import logging
 import socket
 import struct
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
-from diffill.lsp_server.backend.backends import LocalBackend, load_local_backend
+from diffill.lsp_server.backend.backends import LocalBackend
 from diffill.lsp_server.completion.options import CompletionOptions
 from diffill.lsp_server.http.http_server import HttpConfig, HttpFront, Listener
 from diffill.model.engine import Engine
@@ -35,11 +34,6 @@ TOKEN = "tok-Probe-0815-qwerty"
 AUTH = f"Authorization: Bearer {TOKEN}\r\n".encode()
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def backend(model_dir: Path) -> LocalBackend:
-    return load_local_backend(str(model_dir))
 
 
 @pytest_asyncio.fixture

@@ -16,13 +16,12 @@ import asyncio
 import json
 import logging
 import time
-from pathlib import Path
 
 import msgspec
 import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
-from diffill.lsp_server.backend.backends import LocalBackend, load_local_backend
+from diffill.lsp_server.backend.backends import LocalBackend
 from diffill.lsp_server.completion.completer import Completer
 from diffill.lsp_server.completion.options import CompletionOptions
 from diffill.lsp_server.http.http_server import HttpConfig, HttpFront, Listener, cut_at_indent
@@ -46,11 +45,6 @@ LLAMA_VIM_FIELDS = [
 ]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def backend(model_dir: Path) -> LocalBackend:
-    return load_local_backend(str(model_dir))
 
 
 class SpyBackend(LocalBackend):

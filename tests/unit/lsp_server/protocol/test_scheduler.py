@@ -80,23 +80,32 @@ def test_typeahead_cache_hits_and_misses():
 
 # -- scheduler --------------------------------------------------------------------------------
 
-async def test_scheduler_runs_off_loop_and_supersedes():
-    s = Scheduler()
+async def running_job(s: Scheduler, seen: dict) -> asyncio.Future:
+    """``s.run("doc", job)`` once the job runs: it runs until ``cancel()`` says stop (5 s at
+    most, then answers "finished"); ``seen`` gets the thread it ran on and ``stopped``."""
     started = threading.Event()
-    loop_thread = threading.get_ident()
 
-    def slow(cancel):
-        assert threading.get_ident() != loop_thread
+    def job(cancel):
+        seen["thread"] = threading.get_ident()
         started.set()
         for _ in range(500):
             if cancel():
+                seen["stopped"] = True
                 raise Cancelled("stop")
             threading.Event().wait(0.01)
-        return "slow done"
+        return "finished"
 
-    first = asyncio.ensure_future(s.run("doc", slow))
+    task = asyncio.ensure_future(s.run("doc", job))
     while not started.is_set():
         await asyncio.sleep(0.01)
+    return task
+
+
+async def test_scheduler_runs_off_loop_and_supersedes():
+    s = Scheduler()
+    seen = {}
+    first = await running_job(s, seen)
+    assert seen["thread"] != threading.get_ident()
     second = asyncio.ensure_future(s.run("doc", lambda cancel: "second"))
     with pytest.raises(Superseded):
         await first
@@ -109,25 +118,12 @@ async def test_scheduler_runs_off_loop_and_supersedes():
 async def test_scheduler_task_cancellation_stops_worker_and_stale_check():
     s = Scheduler()
     seen = {}
-    started = threading.Event()
-
-    def job(cancel):
-        started.set()
-        for _ in range(500):
-            if cancel():
-                seen["stopped"] = True
-                raise Cancelled("stop")
-            threading.Event().wait(0.01)
-        return "finished"
-
-    task = asyncio.ensure_future(s.run("doc", job))
-    while not started.is_set():
-        await asyncio.sleep(0.01)
+    task = await running_job(s, seen)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await s.run("other", lambda c: "after") == "after"  # worker free again: job stopped
-    assert seen == {"stopped": True}
+    assert seen["stopped"] is True
     version = {"v": 1}
 
     def edited_meanwhile(cancel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diffill.lsp_server.text.syntax import MAX_CHARS, SyntaxGuard, is_python, parses
+from support.fixed_backend import FixedBackend
 
 BUF = "def f(xs):\n    total = 0\n\n    return total\n"
 CUR = BUF.index("\n\n") + 1  # column 0 of the empty line
@@ -70,40 +71,19 @@ def test_replace_right_is_honoured():
     assert not g.keeps("b,", replace_right=2)  # g(b,  -- the ')' replaced away
 
 
-class _Scripted:
-    name = "scripted"
-
-    def __init__(self, answers):
-        self.answers = answers
-
-    def encode_batch(self, texts):
-        return [[ord(c) for c in t] for t in texts]
-
-    def max_context_tokens(self, max_tokens):
-        return None
-
-    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None, **kw):
-        from diffill.lsp_server.backend.backends import Candidate
-
-        return [Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers)]
-
-    def describe(self):
-        return {}
-
-
 def test_completer_falls_back_to_the_best_candidate_that_parses():
     from diffill.lsp_server.completion.completer import Completer, options_from_kwargs
 
     answers = ["    total = (", "    total += 1"]  # the better-scored one breaks the file
-    c = Completer(_Scripted(answers), options_from_kwargs(multiline="always-single"))
+    c = Completer(FixedBackend(answers), options_from_kwargs(multiline="always-single"))
     assert [s.text for s in c.complete(BUF, CUR, n=2, language="python")] == ["    total += 1"]
     # a language with no grammar (text rules only), or the guard switched off: unchanged ranking
     assert [s.text for s in c.complete(BUF, CUR, n=2, language="kotlin")][0] == "    total = ("
-    off = Completer(_Scripted(answers), options_from_kwargs(multiline="always-single",
+    off = Completer(FixedBackend(answers), options_from_kwargs(multiline="always-single",
                                                             syntax_check=False))
     assert [s.text for s in off.complete(BUF, CUR, n=2, language="python")][0] == "    total = ("
     # nothing parses: no suggestion rather than a broken file
-    bad = Completer(_Scripted(["    total = (", "    ]"]), options_from_kwargs(multiline="always-single"))
+    bad = Completer(FixedBackend(["    total = (", "    ]"]), options_from_kwargs(multiline="always-single"))
     assert bad.complete(BUF, CUR, n=2, language="python") == []
 
 

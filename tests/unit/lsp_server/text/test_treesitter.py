@@ -13,6 +13,7 @@ import textwrap
 import pytest
 from diffill.lsp_server.text import languages, treesitter
 from diffill.lsp_server.text.syntax import SyntaxGuard
+from support.fixed_backend import FixedBackend
 
 needs_ts = pytest.mark.skipif(not treesitter.available(),
                               reason="the tree-sitter package is not installed (text rules only)")
@@ -233,7 +234,7 @@ def test_import_safe_without_tree_sitter():
                 if name == "tree_sitter" or name.startswith("tree_sitter"):
                     raise ImportError("blocked by the test")
         sys.meta_path.insert(0, Block())
-        from diffill.lsp_server.text import treesitter, languages
+        from diffill.lsp_server.text import languages, treesitter
         from diffill.lsp_server.text.syntax import SyntaxGuard
         assert not treesitter.available() and treesitter.supported() == ()
         g = SyntaxGuard("func main() {\\n\\t\\n}\\n", 14, language="go")
@@ -315,32 +316,11 @@ def test_multiline_policy_from_the_tree(lang, buf, want):
     assert treesitter.multiline_at(text, off, lang, f"/t/policy.{lang}") is want
 
 
-class _Scripted:
-    name = "scripted"
-
-    def __init__(self, answers):
-        self.answers = answers
-
-    def encode_batch(self, texts):
-        return [[ord(c) for c in t] for t in texts]
-
-    def max_context_tokens(self, max_tokens):
-        return None
-
-    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None, **kw):
-        from diffill.lsp_server.backend.backends import Candidate
-
-        return [Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers)]
-
-    def describe(self):
-        return {}
-
-
 def _complete(answers, buf, lang):
     from diffill.lsp_server.completion.completer import Completer, options_from_kwargs
 
     text, off = _at(buf)
-    c = Completer(_Scripted(answers), options_from_kwargs(drafts=False))
+    c = Completer(FixedBackend(answers), options_from_kwargs(drafts=False))
     return c.complete(text, off, n=3, language=lang, path=f"/t/complete.{lang}")
 
 
