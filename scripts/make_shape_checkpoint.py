@@ -2,7 +2,10 @@
 
     python scripts/make_shape_checkpoint.py OUT_DIR [--seed 0] [--shape coda-1.7b]
 
-(``--shape coda-1.7b``: Salesforce/CoDA-v0-Instruct's layout at Qwen3-1.7B's shape.)
+(``--shape coda-1.7b``: Salesforce/CoDA-v0-Instruct's layout at Qwen3-1.7B's shape;
+``--shape dream-7b``: Dream-org/Dream-Coder-v0-Instruct-7B's layout at Qwen2.5-7B's shape --
+the shape of Dream 7B, Dream-Coder 7B, DiffuCoder 7B and DreamOn 7B -- 7.6B parameters,
+15.2 GB of bf16 written a tensor at a time in 4 shards with an index, as published.)
 
 ``config.json`` of Qwen2.5-Coder-0.5B (494M parameters, tied head, 24 layers, GQA 14/2),
 the Qwen2 tokenizer as ``tokenizer.json`` with the mask token ``<M>`` added (the real
@@ -30,8 +33,15 @@ SHAPE_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28
                   num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                   max_position_embeddings=40960)
 #: --shape: (the family layout writer in tests/support/families.py, the shape)
+#: Qwen2.5-7B's (Dream-org/Dream-Coder-v0-Instruct-7B's shape; qkv bias, untied head)
+SHAPE_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072)
+#: --shape: (the family layout writer in tests/support/families.py, the shape)
 SHAPES = {"open-dcoder-0.5b": ("write_open_dcoder", SHAPE_0_5B),
-          "coda-1.7b": ("write_coda", SHAPE_1_7B)}
+          "coda-1.7b": ("write_coda", SHAPE_1_7B),
+          "dream-7b": ("write_dream_coder", SHAPE_7B)}
+STREAMED = {"dream-7b": 4}
+"""Shapes too large to build whole in fp32 (30 GB): written a tensor at a time, in shards."""
 
 
 def write(out: Path, seed: int = 0, shape: str = "open-dcoder-0.5b") -> Path:
@@ -47,7 +57,65 @@ def write(out: Path, seed: int = 0, shape: str = "open-dcoder-0.5b") -> Path:
     cfg = json.loads(cfg_path.read_text())
     cfg.update(keys)
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
-    families.write_weights(w, seed=seed)
+    if shape in STREAMED:
+        write_streamed(out, seed, STREAMED[shape])
+    else:
+        families.write_weights(w, seed=seed)
+    return out
+
+
+def write_streamed(out: Path, seed: int, shards: int) -> None:
+    """Random bf16 weights for ``out/config.json`` without the model in memory: the names and
+    shapes from a model built on the meta device, each tensor drawn and cast on its own, one
+    shard (~1/``shards`` of the bytes) held at a time."""
+    import torch
+    from diffill.model.config import read_config
+    from diffill.model.transformer import Transformer
+    from diffill.model.weights import to_checkpoint_names
+    from safetensors.torch import save_file
+
+    cfg, _ = read_config(out)
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    names = to_checkpoint_names(cfg.family, list(shapes), tied=cfg.tie_embeddings)
+    keys = [k for k in shapes if not (cfg.tie_embeddings and k == "lm_head.weight")]
+    total = sum(2 * _numel(shapes[k]) for k in keys)
+    gen = torch.Generator().manual_seed(seed)
+    weight_map: dict[str, str] = {}
+    part: dict[str, torch.Tensor] = {}
+    n = 0
+
+    def flush() -> None:
+        nonlocal part
+        fname = f"model-{n:05d}-of-{shards:05d}.safetensors"
+        save_file(part, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in part})
+        part = {}
+
+    size = 0
+    for k in keys:
+        shape = shapes[k]
+        if len(shape) >= 2:
+            t = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+        elif k.endswith("bias"):
+            t = torch.zeros(shape, dtype=torch.bfloat16)
+        else:
+            t = torch.ones(shape, dtype=torch.bfloat16)
+        part[names[k]] = t
+        size += 2 * t.numel()
+        if size >= total * (n + 1) / shards and n + 1 < shards:
+            n += 1
+            flush()
+    n += 1
+    flush()
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
     return out
 
 

@@ -89,9 +89,12 @@ def _waited(err: list[tuple[float, str]], start: str) -> float:
 def test_pull_then_model_by_name_offline(hub):
     h, env, tmp = hub
     h.drop["model.safetensors"] = 1  # the connection drops once mid-file: resumed in the same run
-    r = _run(env, "pull", "open-dcoder-0.5b")
+    cache = tmp / "int8"  # the CPU weights, prepared after the download (forced int8: tiny model)
+    r = _run({**env, "DIFFILL_WEIGHTS": "int8", "DIFFILL_INT8_CACHE": str(cache)},
+             "pull", "open-dcoder-0.5b")
     assert r.returncode == 0, r.stderr
     assert "--model open-dcoder-0.5b" in r.stdout and "GiB" in r.stdout
+    assert "int8 weights prepared and cached" in r.stdout and len(list(cache.iterdir())) == 1
     got = _gets(h, "model.safetensors")
     half = len(h.repos[REPO]["files"]["model.safetensors"]) // 2
     assert got == [None, f"bytes={half}-"]  # resumed from the bytes received, none sent twice
@@ -151,9 +154,12 @@ def test_unknown_repo_missing_file_and_corrupt_header(hub):
 
 def test_pull_into_a_folder(hub):
     h, env, tmp = hub
-    r = _run(env, "pull", REPO, "--dir", str(tmp / "ckpt"))
+    cache = tmp / "int8"
+    r = _run({**env, "DIFFILL_WEIGHTS": "int8", "DIFFILL_INT8_CACHE": str(cache)},
+             "pull", REPO, "--dir", str(tmp / "ckpt"), "--no-prepare")
     assert r.returncode == 0, r.stderr
     assert f"--model {tmp / 'ckpt'}" in r.stdout
+    assert "prepared" not in r.stdout and not cache.exists()  # --no-prepare
     assert (tmp / "ckpt" / "model.safetensors").is_file() and not (tmp / "ckpt.partial").exists()
     r = _run(env, "pull", REPO, "--dir", str(tmp / "ckpt"))
     assert r.returncode == 1 and "already exists" in r.stderr
