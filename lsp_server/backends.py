@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..model.limits import DEFAULT_MAX_STEPS
 from .backend_api import Backend, BackendError, CancelFn, Cancelled, Candidate
 from .context import FimContext
 from .remote import load_remote_backend
@@ -345,7 +346,7 @@ def _plans_in_background(engine: Any) -> bool:
 
 
 def load_local_backend(
-    model_path: str | None, device: str = "cpu", *, max_steps: int = 16, options: Any = None,
+    model_path: str | None, device: str = "cpu", *, max_steps: int = DEFAULT_MAX_STEPS, options: Any = None,
     recipe: str | None = None, **_: Any
 ) -> LocalBackend:
     """Load a checkpoint (None = the shipped default model; a folder or the name of a

@@ -91,9 +91,9 @@ from .cache import (
     supports_shared_context,
 )
 from .dreamon import infill_dreamon, length_control_ids
+from .limits import DEFAULT_MAX_STEPS, MAX_DRAFTS
 from .plan import (
     CTX_BUCKETS,
-    DEFAULT_MAX_STEPS,
     HOLE_BUCKETS,
     NoBucketFits,
     StepBudget,
@@ -113,7 +113,6 @@ from .sampler import (
     InfillCancelled,
     InfillRequest,
     SamplerConfig,
-    SpecialIds,
     Stepper,
     StepSpec,
     batch_rows,
@@ -123,6 +122,7 @@ from .sampler import (
     check_request,
     collect,
     denoise_step,
+    draft_problem,
     draft_tensor,
     initial_state,
     rank_candidates,
@@ -167,10 +167,6 @@ def default_lengths(max_tokens: int, candidates: int = 1) -> tuple[int, ...]:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     count = max(DEFAULT_CANDIDATES, candidates)
     return tuple(sorted({max_tokens >> i for i in range(count)} - {0}))
-
-
-MAX_DRAFTS = 4
-"""Drafts verified per request at most (each takes a row of the batch)."""
 
 
 def default_sampler(cfg: Any) -> SamplerConfig:
@@ -433,8 +429,8 @@ class Engine:
         (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
         ``temperature`` / ``seed`` override the sampler's. ``drafts`` (token ids of candidate
         middles to verify, :mod:`.sampler` *Drafts*): the first :data:`MAX_DRAFTS` distinct
-        ones that fit the longest hole with a slot to spare and hold no terminator or mask
-        id; the others are left out (the request's ``drafts`` are the ones kept, in order).
+        ones that fit the longest hole with a slot to spare and hold no terminator, mask id or
+        id outside the vocabulary (:meth:`usable_drafts`); the others are left out (the request's ``drafts`` are the ones kept, in order).
         The request ends after its verification step once ``candidates`` drafts are
         verified (``InfillRequest.wanted``)."""
         lens = (
@@ -489,13 +485,13 @@ class Engine:
         return drafts
 
     def usable_drafts(self, drafts: Sequence[Sequence[int]], hole: int) -> tuple[tuple[int, ...], ...]:
-        """The drafts :meth:`make_request` keeps for a hole of ``hole`` slots (see there)."""
-        sp = SpecialIds.from_config(self.config)
-        banned = {sp.mask, *sp.terminators}
+        """The drafts :meth:`make_request` keeps for a hole of ``hole`` slots (see there): the
+        first :data:`MAX_DRAFTS` distinct ones that :func:`draft_problem` passes, the rule
+        :func:`check_request` raises on, so a request never fails on a draft it was given."""
         kept: list[tuple[int, ...]] = []
         for d in drafts:
             t = tuple(int(i) for i in d)
-            if 0 < len(t) < hole and t not in kept and not banned.intersection(t):
+            if t not in kept and draft_problem(self.config, t, hole) is None:
                 kept.append(t)
             if len(kept) == MAX_DRAFTS:
                 break

@@ -88,6 +88,7 @@ import msgspec
 import torch
 
 from .cache import ONCE, DualCache, SharedContext, infill_cached
+from .limits import DEFAULT_BUDGET_MS, DEFAULT_MAX_STEPS
 from .sampler import (
     DenoiseState,
     SamplerConfig,
@@ -103,10 +104,7 @@ from .sampler import (
 
 CTX_BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048)
 HOLE_BUCKETS: tuple[int, ...] = (8, 16, 32, 64)
-DEFAULT_BUDGET_MS: dict[str, float] = {"cuda": 25.0, "cpu": 200.0}
-"""The latency budget when none is set, by torch device type (module doc)."""
 DEFAULT_THRESHOLD = 0.9
-DEFAULT_MAX_STEPS = 16
 
 
 def default_budget_ms(device_type: str) -> float:
@@ -222,7 +220,7 @@ def predict_ms(t: BucketTiming, steps: int, refresh_every: int = 1, rows: int | 
 
 
 def choose(t: BucketTiming, budget_ms: float, *, refresh_every: int = 1, min_steps: int = 1,
-           max_steps: int = 16, threshold: float | None = DEFAULT_THRESHOLD,
+           max_steps: int = DEFAULT_MAX_STEPS, threshold: float | None = DEFAULT_THRESHOLD,
            rows: int | None = None) -> BucketChoice:
     """The most steps (<= hole, <= max_steps) that fit ``budget_ms`` for this bucket with
     ``rows`` canvas rows (None: the timing's own)."""

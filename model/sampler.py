@@ -200,6 +200,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from .config import ModelConfig
+from .limits import DEFAULT_STEPS
 
 
 class Strategy(enum.Enum):
@@ -210,7 +211,7 @@ class Strategy(enum.Enum):
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    steps: int = 8  # fixed number of refinement steps (upper bound with threshold)
+    steps: int = DEFAULT_STEPS  # fixed number of refinement steps (upper bound with threshold)
     threshold: float | None = (
         None  # each step unmask the best plus every slot with score > threshold
     )
@@ -511,7 +512,7 @@ class StepSpec:
     temperature: float = 0.0
     absorb_pad: bool = True
     block: int | None = None
-    total_steps: int = 8
+    total_steps: int = DEFAULT_STEPS
     select_impl: str | None = None
     draft_ratio: float = 0.1
 
@@ -1097,22 +1098,35 @@ def rank_candidates(cands: list[Infill], order: list[int], dedup: bool) -> list[
     return out
 
 
+def draft_problem(cfg: ModelConfig, draft: Sequence[int], hole: int) -> str | None:
+    """Why ``draft`` cannot be verified in a hole of ``hole`` slots, None when it can: its
+    ids inside the vocabulary, 1 to ``hole - 1`` of them (the end of the middle needs a
+    slot), no terminator and no mask id. The one rule: :func:`check_request` raises it, the
+    engine's ``usable_drafts`` leaves such drafts out."""
+    for t in draft:
+        if not 0 <= t < cfg.vocab_size:
+            return f"holds token id {t}, outside the vocabulary [0, {cfg.vocab_size})"
+    if not draft or len(draft) + 1 > hole:
+        return (f"has {len(draft)} tokens; a draft needs 1 to {hole - 1} "
+                f"(the longest hole is {hole} slots, one for the end of the middle)")
+    sp = SpecialIds.from_config(cfg)
+    if any(t == sp.mask or t in sp.terminators for t in draft):
+        return "holds the mask id or a terminator"
+    return None
+
+
 def check_request(cfg: ModelConfig, req: InfillRequest) -> None:
-    """Token ids inside the vocabulary; drafts non-empty, free of terminators and the mask
-    id, and short enough to leave the end of the middle a slot. Raises ValueError."""
+    """Token ids inside the vocabulary; every draft passes :func:`draft_problem`. Raises
+    ValueError."""
     _check_ids(req.prefix_ids, cfg.vocab_size, "prefix_ids")
     _check_ids(req.suffix_ids, cfg.vocab_size, "suffix_ids")
     if not req.drafts:
         return
-    sp = SpecialIds.from_config(cfg)
     n = max(candidate_lengths(req.sampler.lengths))
     for i, d in enumerate(req.drafts):
-        _check_ids(d, cfg.vocab_size, f"drafts[{i}]")
-        if not d or len(d) + 1 > n:
-            raise ValueError(f"drafts[{i}] has {len(d)} tokens; a draft needs 1 to {n - 1} "
-                             f"(the longest hole is {n} slots, one for the end of the middle)")
-        if any(t == sp.mask or t in sp.terminators for t in d):
-            raise ValueError(f"drafts[{i}] holds the mask id or a terminator")
+        problem = draft_problem(cfg, d, n)
+        if problem is not None:
+            raise ValueError(f"drafts[{i}] {problem}")
 
 
 @torch.inference_mode()

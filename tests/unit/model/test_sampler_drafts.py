@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from diffill.model.config import ModelConfig
-from diffill.model.engine import MAX_DRAFTS, Engine, EngineOptions, default_sampler
+from diffill.model.engine import Engine, EngineOptions, default_sampler
+from diffill.model.limits import MAX_DRAFTS
 from diffill.model.loader import LoadedModel
 from diffill.model.recipes import CanvasRecipe
 from diffill.model.sampler import (
@@ -287,7 +288,7 @@ def make_lm(shift: bool = False):
 def test_engine_keeps_usable_drafts_and_indexes_them():
     eng = Engine(make_lm(), SamplerConfig(steps=3))
     req = eng.make_request([1, 2], [3], lengths=(4,),
-                           drafts=[[5], [], [5], [T_EOS], [1, 2, 3, 4], [6], [7], [8], [9]])
+                           drafts=[[5], [], [5], [T_EOS], [1, 2, 3, 4], [TV], [6], [7], [8], [9]])
     assert req.drafts == ((5,), (6,), (7,), (8,))[:MAX_DRAFTS]
     assert req.wanted == 1 and eng.make_request([1], [], lengths=(4,), candidates=3).wanted == 3
     # candidates index the drafts as given (the empty one left out still counts)
