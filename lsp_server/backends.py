@@ -43,7 +43,7 @@ from .remote import load_remote_backend
 
 if TYPE_CHECKING:  # the model side imports torch; only the types are needed here
     from ..model.config import ModelConfig
-    from ..model.sampler import Infill
+    from ..model.decoder.spec import Infill
 
 log = logging.getLogger("diffill.backends")
 
@@ -173,7 +173,7 @@ class LocalBackend:
         The steps: ``steps``, else the engine's step plan for ``latency_budget_ms``.
         ``drafts`` are tokenized here and verified by the engine in the same batch. The
         document's path is the engine's ``context_key`` (its context kept for the next request)."""
-        from ..model.sampler import InfillCancelled  # torch: loaded with the model
+        from ..model.decoder.spec import InfillCancelled  # torch: loaded with the model
 
         check = self._wrap_cancel(cancel)
         self.model_calls += 1
@@ -249,8 +249,8 @@ class LocalBackend:
 
     def _tiny_request(self) -> tuple[float, int, int]:
         """One request of a few tokens, one row, one step, timed: (ms, step tokens, rows)."""
+        from ..model.decoder.canvas import canvas_length  # torch: as above
         from ..model.plan import step_tokens, synthetic_request  # torch: loaded with the model
-        from ..model.sampler import canvas_length  # torch: as above
 
         eng = self.engine
         prefix, suffix = synthetic_request(eng.config, TINY_CONTEXT)

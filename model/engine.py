@@ -45,12 +45,12 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   the sampler's steps. The policy is :mod:`diffill.model.plan`'s.
 
 With ``context='row'`` and the other defaults (batching on, everything else off) a request's
-result is the same as :func:`diffill.model.sampler.infill` on its own (with the CPU default,
+result is the same as :func:`diffill.model.decoder.loop.infill` on its own (with the CPU default,
 ``context='auto'``, the same where a request has one row, or rows of one length): both run the sampler's one
-decode loop (:func:`diffill.model.sampler.run_steps`); the engine adds the grouping, the
+decode loop (:func:`diffill.model.decoder.loop.run_steps`); the engine adds the grouping, the
 shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs). A
 checkpoint whose recipe carries DreamOn's ``<|expand|>`` / ``<|delete|>`` tokens is
-decoded by :func:`diffill.model.dreamon.infill_dreamon` instead (the hole grows and
+decoded by :func:`diffill.model.decoder.dreamon.infill_dreamon` instead (the hole grows and
 shrinks; the candidate lengths are its starting lengths), chosen in :meth:`Engine._decode`.
 
 Candidate hole lengths (the one policy, :func:`default_lengths`). When the caller gives
@@ -90,7 +90,29 @@ from .cache import (
     shared_steps,
     supports_shared_context,
 )
-from .dreamon import infill_dreamon, length_control_ids
+from .decoder.canvas import (
+    Canvas,
+    DenoiseState,
+    build_canvas,
+    canvas_length,
+    initial_state,
+    stack_canvases,
+)
+from .decoder.dreamon import infill_dreamon, length_control_ids
+from .decoder.loop import (
+    EagerSteps,
+    InfillRequest,
+    Stepper,
+    batch_rows,
+    check_request,
+    collect,
+    draft_problem,
+    draft_tensor,
+    rank_candidates,
+    run_steps,
+)
+from .decoder.spec import Infill, InfillCancelled, SamplerConfig, StepSpec, candidate_lengths
+from .decoder.step import DraftRows, denoise_step
 from .limits import DEFAULT_MAX_STEPS, MAX_DRAFTS
 from .plan import (
     CTX_BUCKETS,
@@ -104,31 +126,6 @@ from .plan import (
 )
 from .reuse import ContextStore, ReusedContext, ReusePolicy
 from .runtime import ensure_cpu_threads
-from .sampler import (
-    Canvas,
-    DenoiseState,
-    DraftRows,
-    EagerSteps,
-    Infill,
-    InfillCancelled,
-    InfillRequest,
-    SamplerConfig,
-    Stepper,
-    StepSpec,
-    batch_rows,
-    build_canvas,
-    candidate_lengths,
-    canvas_length,
-    check_request,
-    collect,
-    denoise_step,
-    draft_problem,
-    draft_tensor,
-    initial_state,
-    rank_candidates,
-    run_steps,
-    stack_canvases,
-)
 
 if TYPE_CHECKING:  # the loader imports torch-heavy modules; only the type is needed here
     from .loader import LoadedModel
@@ -428,7 +425,7 @@ class Engine:
         canvas rows (lengths + drafts kept) and ``budget_ms``
         (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
         ``temperature`` / ``seed`` override the sampler's. ``drafts`` (token ids of candidate
-        middles to verify, :mod:`.sampler` *Drafts*): the first :data:`MAX_DRAFTS` distinct
+        middles to verify, :mod:`.decoder` *Drafts*): the first :data:`MAX_DRAFTS` distinct
         ones that fit the longest hole with a slot to spare and hold no terminator, mask id or
         id outside the vocabulary (:meth:`usable_drafts`); the others are left out (the request's ``drafts`` are the ones kept, in order).
         The request ends after its verification step once ``candidates`` drafts are
@@ -513,7 +510,7 @@ class Engine:
         drafts: Sequence[Sequence[int]] = (),
         context_key: str | None = None,
     ) -> list[Infill]:
-        """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
+        """Fill the hole; candidates best first (see :mod:`diffill.model.decoder`).
         ``drafts``: candidate middles to verify (:meth:`make_request`); a candidate's
         ``draft`` indexes ``drafts`` (as given).
 
@@ -523,7 +520,7 @@ class Engine:
         kept context the request may start from (:attr:`reuse_context`). See :meth:`make_request`.
 
         Raises ValueError (bad request, canvas too long) or
-        :class:`~diffill.model.sampler.InfillCancelled`.
+        :class:`~diffill.model.decoder.spec.InfillCancelled`.
         """
         req = self.make_request(
             prefix_ids, suffix_ids, max_tokens=max_tokens, lengths=lengths, candidates=candidates,
@@ -625,7 +622,7 @@ class Engine:
 
     def _decode(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
         """The one place that picks the decoding: DreamOn's expand/delete length control
-        (:mod:`.dreamon`) when the checkpoint's recipe carries those tokens, else the
+        (:mod:`.decoder.dreamon`) when the checkpoint's recipe carries those tokens, else the
         batched fixed-canvas loop (:meth:`_run`)."""
         if length_control_ids(self.config) is None:
             return self._run(batch)
@@ -662,7 +659,7 @@ class Engine:
     def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:
         """Run requests that share a group key as one batch (called with the lock held):
         their canvases stacked (padded to shape buckets with ``buckets`` / ``cuda_graphs``),
-        :func:`~diffill.model.sampler.run_steps` with the stepper the options ask for.
+        :func:`~diffill.model.decoder.loop.run_steps` with the stepper the options ask for.
         Returns, per request, its candidates or the InfillCancelled it ended with."""
         cfg, dev, opts = self.config, self.device, self.options
         spec = self._step_spec(batch[0])
@@ -769,7 +766,7 @@ class Engine:
 
 class _StepGraphs:
     """CUDA graphs of one denoising step for one padded shape [L, T] with N slots: the
-    decode loop's :class:`~diffill.model.sampler.Stepper` under ``cuda_graphs``.
+    decode loop's :class:`~diffill.model.decoder.loop.Stepper` under ``cuda_graphs``.
 
     Static buffers hold the canvas and the loop state; each graph runs a step and
     writes the new state back into them (and decrements ``steps_left``), so a

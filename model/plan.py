@@ -33,7 +33,7 @@ The policy
   steps). About 0.3 s for the shipped model on a quiet 2-core CPU (was 1 s with both
   points at three rows and more repeats).
 * **Rows are priced.** A request's canvas rows are its candidate lengths plus the drafts it
-  verifies (:mod:`.sampler` *Drafts*), and on a CPU a step's cost grows with them. Each
+  verifies (:mod:`.decoder` *Drafts*), and on a CPU a step's cost grows with them. Each
   bucket's timing carries ``row_ms``, the cost of a row more or less (the fitted slope on
   a CPU; on CUDA the largest bucket timed again with twice the rows), and a request gets
   the steps that fit for its own row count (:meth:`StepPlan.choice`): a request with three
@@ -54,7 +54,7 @@ Buckets and the prediction
 * context buckets (canvas length without the hole): 256, 512, 1024, 2048;
 * hole buckets (longest candidate length): 8, 16, 32, 64.
 
-Canvases are padded up to their bucket (:func:`~diffill.model.sampler.pad_canvas`), so
+Canvases are padded up to their bucket (:func:`~diffill.model.decoder.canvas.pad_canvas`), so
 shapes repeat -- which CUDA graphs and ``torch.compile`` need -- and a bucket's
 measurement holds for every request in it.
 
@@ -88,19 +88,11 @@ import msgspec
 import torch
 
 from .cache import ONCE, DualCache, SharedContext, infill_cached
+from .decoder.canvas import DenoiseState, build_canvas, canvas_end, canvas_start, initial_state
+from .decoder.loop import infill
+from .decoder.spec import SamplerConfig, SpecialIds, StepSpec
+from .decoder.step import denoise_step
 from .limits import DEFAULT_BUDGET_MS, DEFAULT_MAX_STEPS
-from .sampler import (
-    DenoiseState,
-    SamplerConfig,
-    SpecialIds,
-    StepSpec,
-    build_canvas,
-    canvas_end,
-    canvas_start,
-    denoise_step,
-    infill,
-    initial_state,
-)
 
 CTX_BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048)
 HOLE_BUCKETS: tuple[int, ...] = (8, 16, 32, 64)

@@ -1,4 +1,5 @@
-"""DreamOn's variable-length infilling: the expand / delete length-control states.
+"""The second decoder: DreamOn's variable-length infilling, the expand / delete
+length-control states (the first, :mod:`.loop`, decodes a hole of fixed length).
 
 DreamOn (DreamLM/DreamOn; checkpoint Dream-org/DreamOn-v0-7B, built on Dream-Coder 7B;
 arXiv 2602.01326) adds two tokens to the vocabulary and trains the model to predict
@@ -12,8 +13,9 @@ finds the middle's length itself instead of being told it (which is what closes 
 gap between fixed-length and oracle-length HumanEval-Infilling scores).
 
 The decoding below follows the paper and the repository's description; it reuses the
-sampler's pieces (:class:`~.sampler.SpecialIds`, :func:`~.sampler.canvas_start`,
-:func:`~.sampler.token_scores`, the trimming and ranking of candidates). Per step, for
+first decoder's pieces (:class:`~.spec.SpecialIds`, :func:`~.canvas.canvas_start`,
+:func:`~.step.token_scores`, the trimming and ranking of candidates, :func:`~.loop.trim_middle`
+and :func:`~.loop.rank_candidates`). Per step, for
 every row of the batch (one row per candidate starting length, right-padded, one
 forward):
 
@@ -33,7 +35,7 @@ forward):
    expand spends budget, so a row ends within ``n + 2 * budget`` steps.
 
 The middle is the hole up to its first terminator; the score is the mean commit-time
-log-probability over the middle and its terminator, as in :mod:`.sampler`.
+log-probability over the middle and its terminator, as in the first decoder.
 :func:`infill_dreamon_reference` is the slow, one-row, full-forward version the fast
 path is tested against.
 """
@@ -48,20 +50,19 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .config import ModelConfig
-from .sampler import (
+from ..config import ModelConfig
+from .canvas import canvas_end, canvas_start
+from .loop import rank_candidates, trim_middle
+from .spec import (
     Infill,
     InfillCancelled,
     SamplerConfig,
     SpecialIds,
     candidate_lengths,
-    canvas_end,
-    canvas_start,
-    rank_candidates,
+    model_device,
     seed_for,
-    token_scores,
-    trim_middle,
 )
+from .step import token_scores
 
 MASKED = -1  # a hole slot not yet committed (kept apart from every token id)
 
@@ -204,12 +205,6 @@ def _finish(rows: list[_Row], sp: SpecialIds, dedup: bool) -> list[Infill]:
     return rank_candidates(cands, list(range(len(rows))), dedup)
 
 
-def _model_device(model: Any) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
 @torch.inference_mode()
 def infill_dreamon(
     model: Any,
@@ -226,12 +221,12 @@ def infill_dreamon(
     starting length (``sc.lengths``), all rows in one forward per step; best first.
 
     model: ``forward_hidden(ids [L,T], attention_mask [L,T]) -> (hidden [L,T,D], _)`` and
-    ``head(hidden [..., D]) -> logits [..., V]``. Raises :class:`~.sampler.InfillCancelled`
+    ``head(hidden [..., D]) -> logits [..., V]``. Raises :class:`~.spec.InfillCancelled`
     when ``cancel()`` returns True before a step, ValueError when the checkpoint has no
     length-control tokens."""
     expand, delete, dc, sp, rows, cap, head, tail = _setup(cfg, prefix_ids, suffix_ids, sc, dc,
                                                            "infill_dreamon")
-    dev = _model_device(model)
+    dev = model_device(model)
     s0 = len(head)
     step = 0
     while any(r.masked for r in rows):
@@ -291,7 +286,7 @@ def infill_dreamon_reference(
     results."""
     expand, delete, dc, sp, rows, cap, head, tail = _setup(cfg, prefix_ids, suffix_ids, sc, dc,
                                                            "infill_dreamon_reference")
-    dev = _model_device(model)
+    dev = model_device(model)
     for r in rows:
         step = 0
         while r.masked:

@@ -1,4 +1,4 @@
-"""Draft and verify in the sampler (diffill.model.sampler, module doc *Drafts*) and its
+"""Draft and verify in the decode loop (diffill.model.decoder, package doc *Drafts*) and its
 engine path: the verification rule on a model whose marginals are designed, the batched
 fast path against the slow reference (each draft verified alone, step by step) on a small
 random Transformer, and the engine's batching, CUDA-graph loop (without capture) and
@@ -13,19 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from diffill.model.config import ModelConfig
+from diffill.model.decoder.loop import InfillRequest, check_request, infill
+from diffill.model.decoder.reference import infill_reference
+from diffill.model.decoder.spec import Infill, InfillCancelled, SamplerConfig
 from diffill.model.engine import Engine, EngineOptions, default_sampler
 from diffill.model.limits import MAX_DRAFTS
 from diffill.model.loader import LoadedModel
 from diffill.model.recipes import CanvasRecipe
-from diffill.model.sampler import (
-    Infill,
-    InfillCancelled,
-    InfillRequest,
-    SamplerConfig,
-    check_request,
-    infill,
-    infill_reference,
-)
 from support import one_batch, tiny_config, tiny_lm, tiny_model
 from torch import nn
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffill.model.dreamon import DreamOnConfig, infill_dreamon, infill_dreamon_reference
+from diffill.model.decoder.dreamon import DreamOnConfig, infill_dreamon, infill_dreamon_reference
+from diffill.model.decoder.spec import InfillCancelled, SamplerConfig, Strategy
 from diffill.model.recipes import CanvasRecipe
-from diffill.model.sampler import InfillCancelled, SamplerConfig, Strategy
 from diffill.model.transformer import Transformer
 from support import tiny_config
 
