@@ -177,6 +177,35 @@ class Decoded:
     cancelled: dict[int, InfillCancelled]
 
 
+@dataclass
+class Batch:
+    """What the loop carries from step to step, for the rows of the batch: the canvas, the
+    state, the rows, the noise buffer [L, N, V] (temperature > 0) and the drafts the rows
+    verify. :meth:`keep` lets rows go from all of them at once."""
+
+    canvas: Canvas
+    state: DenoiseState
+    rows: Rows
+    noise: torch.Tensor | None = None
+    draft: DraftRows | None = None
+
+    def keep(self, stepper: Stepper, keep: list[int]) -> None:
+        """Only the rows ``keep`` go on (``stepper.drop``); a stepper that keeps every row
+        (fixed shapes) freezes the others, and their owner becomes -1."""
+        self.canvas, self.state, kept = stepper.drop(self.canvas, self.state, keep)
+        if len(kept) < len(self.rows.owner):
+            idx = torch.tensor(kept, device=self.state.ids.device)
+            if self.noise is not None:
+                self.noise = self.noise[idx]
+            if self.draft is not None:
+                self.draft = self.draft.rows(idx)
+        wanted = set(keep)
+        self.rows = self.rows.take(kept)
+        for r, k in enumerate(kept):
+            if k not in wanted:
+                self.rows.owner[r] = -1
+
+
 def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows, spec: StepSpec,
               cancels: Sequence[Callable[[], bool] | None], *, vocab_size: int,
               draft: DraftRows | None = None, wanted: Sequence[int] = ()) -> Decoded:
@@ -195,26 +224,10 @@ def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows,
     """
     live = sorted({o for o in rows.owner if o >= 0})
     cancelled: dict[int, InfillCancelled] = {}
-    noise = None
+    b = Batch(canvas, state, rows, draft=draft)
     if spec.temperature > 0:  # rows' unused slots keep zeros (never selected)
         L, N = canvas.valid.shape
-        noise = torch.zeros((L, N, vocab_size), dtype=torch.float32, device=state.ids.device)
-
-    def let_go(keep: list[int]) -> None:
-        nonlocal canvas, state, rows, noise, draft
-        canvas, state, kept = stepper.drop(canvas, state, keep)
-        wanted = set(keep)
-        if len(kept) < len(rows.owner):
-            idx = torch.tensor(kept, device=state.ids.device)
-            if noise is not None:
-                noise = noise[idx]
-            if draft is not None:
-                draft = draft.rows(idx)
-        rows = rows.take(kept)
-        for r, k in enumerate(kept):  # a stepper that keeps every row freezes the others
-            if k not in wanted:
-                rows.owner[r] = -1
-
+        b.noise = torch.zeros((L, N, vocab_size), dtype=torch.float32, device=state.ids.device)
     for s in range(spec.loop_steps(max(rows.length, default=0))):
         gone = [i for i in live if cancels[i] is not None and cancels[i]()]
         if gone:
@@ -223,34 +236,34 @@ def run_steps(stepper: Stepper, canvas: Canvas, state: DenoiseState, rows: Rows,
             live = [i for i in live if i not in gone]
             if not live:
                 break
-            let_go([r for r, o in enumerate(rows.owner) if o in live])
-        if noise is not None:
-            for r, g in enumerate(rows.gen):
+            b.keep(stepper, [r for r, o in enumerate(b.rows.owner) if o in live])
+        if b.noise is not None:
+            for r, g in enumerate(b.rows.gen):
                 if g is not None:
-                    n = rows.length[r]
-                    noise[r, :n] = torch.rand((n, vocab_size), generator=g, device=noise.device)
-        verifying = draft if s == 0 else None
-        state = stepper.step(canvas, state, s, noise, verifying)
+                    n = b.rows.length[r]
+                    b.noise[r, :n] = torch.rand((n, vocab_size), generator=g, device=b.noise.device)
+        verifying = b.draft if s == 0 else None
+        b.state = stepper.step(b.canvas, b.state, s, b.noise, verifying)
         if verifying is not None:
             # the one host synchronisation of the draft rows: what each one accepted
-            acc, ver = draft_outcome(canvas, state, verifying, spec.terminators)
+            acc, ver = draft_outcome(b.canvas, b.state, verifying, spec.terminators)
             acc_l, ver_l = acc.tolist(), ver.tolist()
             got: dict[int, int] = {}
-            for r, d in enumerate(rows.draft):
-                if d >= 0 and rows.owner[r] >= 0:
-                    rows.accepted[r], rows.verified[r] = acc_l[r], ver_l[r]
-                    got[rows.owner[r]] = got.get(rows.owner[r], 0) + ver_l[r]
+            for r, d in enumerate(b.rows.draft):
+                if d >= 0 and b.rows.owner[r] >= 0:
+                    b.rows.accepted[r], b.rows.verified[r] = acc_l[r], ver_l[r]
+                    got[b.rows.owner[r]] = got.get(b.rows.owner[r], 0) + ver_l[r]
             finished = {o for o, k in got.items()
                         if k > 0 and k >= (wanted[o] if o < len(wanted) else 1)}
             if finished:  # the verified drafts are the answer: the other rows go
-                let_go([r for r, o in enumerate(rows.owner)
-                        if o >= 0 and (o not in finished or rows.verified[r])])
-                if not any(o >= 0 and o not in finished for o in rows.owner):
+                b.keep(stepper, [r for r, o in enumerate(b.rows.owner)
+                                 if o >= 0 and (o not in finished or b.rows.verified[r])])
+                if not any(o >= 0 and o not in finished for o in b.rows.owner):
                     break
         # the one host synchronisation of the loop (threshold mode only)
-        if spec.threshold is not None and not bool(state.masked.any()):
+        if spec.threshold is not None and not bool(b.state.masked.any()):
             break
-    return Decoded(canvas, state, rows, cancelled)
+    return Decoded(b.canvas, b.state, b.rows, cancelled)
 
 
 def draft_outcome(canvas: Canvas, state: DenoiseState, draft: DraftRows,
