@@ -452,7 +452,8 @@ class Engine:
         if steps is None:
             kept = self.affordable_drafts(kept, total - max(lens), max(lens), len(lens), budget_ms)
         planned = None if steps is not None else self.budget.steps_for(
-            total - max(lens), max(lens), budget_ms, rows=len(lens) + len(kept))
+            total - max(lens), max(lens), budget_ms, rows=len(lens) + len(kept),
+            whole_canvases=length_control_ids(cfg) is not None)  # DreamOn: no cache, no sharing
         if steps is not None:
             changes["steps"] = int(steps)
         elif planned is not None:

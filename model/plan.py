@@ -182,8 +182,34 @@ class StepPlan(msgspec.Struct, frozen=True):
         return choose(t, self.budget_ms, refresh_every=self.refresh_every, min_steps=self.min_steps,
                       max_steps=self.max_steps, threshold=self.threshold, rows=rows)
 
-    def steps_for(self, ctx_len: int, hole_len: int, rows: int | None = None) -> tuple[int, float | None]:
-        ch = self.choice(ctx_len, hole_len, rows)
+    def whole_canvas_choice(self, ctx_len: int, hole_len: int, rows: int | None = None
+                            ) -> BucketChoice:
+        """The choice for a decoder whose every step is a full forward of ``rows`` whole
+        canvases, with no cache and no shared context (DreamOn's,
+        :mod:`~diffill.model.decoder.dreamon`): the bucket's full step scaled by the tokens
+        such a step runs, ``rows x (ctx + hole)``, over the tokens it was timed with
+        (:func:`step_tokens`), the scale never below 1, and every step full. A step costs
+        ``a + b x tokens`` with ``a >= 0`` (module doc), so the scaled figure is never below
+        that cost: the steps chosen do not over-spend the budget. ``rows`` None: the rows the
+        plan was timed with."""
+        ch = self.choice(ctx_len, hole_len)
+        t = next((x for x in self.timings if (x.ctx, x.hole) == (ch.ctx, ch.hole)), None)
+        if t is None:
+            return ch
+        rows = t.rows if rows is None else rows
+        scale = max(1.0, step_tokens(rows, t.ctx, t.hole)
+                    / step_tokens(t.rows, t.ctx, t.hole, self.shared_context))
+        ms = t.full_ms * scale
+        whole = BucketTiming(t.ctx, t.hole, rows, ms, ms, t.overhead_ms, t.source)
+        return choose(whole, self.budget_ms, refresh_every=1, min_steps=self.min_steps,
+                      max_steps=self.max_steps, threshold=self.threshold)
+
+    def steps_for(self, ctx_len: int, hole_len: int, rows: int | None = None, *,
+                  whole_canvases: bool = False) -> tuple[int, float | None]:
+        """(steps, threshold) for a request's shapes; ``whole_canvases``: for a decoder that
+        runs its ``rows`` as whole canvases at every step (:meth:`whole_canvas_choice`)."""
+        ch = (self.whole_canvas_choice(ctx_len, hole_len, rows) if whole_canvases
+              else self.choice(ctx_len, hole_len, rows))
         return ch.steps, ch.threshold
 
     def for_budget(self, budget_ms: float) -> StepPlan:
@@ -582,11 +608,14 @@ class StepBudget:
         return derived
 
     def steps_for(self, ctx_len: int, hole_len: int, budget_ms: float | None = None,
-                  rows: int | None = None) -> tuple[int, float | None] | None:
+                  rows: int | None = None, *, whole_canvases: bool = False,
+                  ) -> tuple[int, float | None] | None:
         """(steps, threshold) for a request's shapes and canvas ``rows`` (None: the plan's
-        own), or None when no plan was measured."""
+        own), or None when no plan was measured. ``whole_canvases``: the request's decoder
+        runs every row's whole canvas at every step (DreamOn; :meth:`StepPlan.steps_for`)."""
         plan = self.plan_for(self.budget_ms(budget_ms))
-        return None if plan is None else plan.steps_for(ctx_len, hole_len, rows)
+        return None if plan is None else plan.steps_for(ctx_len, hole_len, rows,
+                                                        whole_canvases=whole_canvases)
 
     def summary(self) -> dict[str, Any]:
         """For status reports: the budget, and what the plan was built from."""

@@ -32,7 +32,24 @@ forward):
    ``<|expand|>`` slots become two masks (one expand costs one unit of the budget; masked
    slots past ``cap`` are dropped from the right);
 5. stop when no row has a masked slot. Every step commits at least one slot and an
-   expand spends budget, so a row ends within ``n + 2 * budget`` steps.
+   expand spends budget, so a row ends within ``n + 2 * budget`` steps; and never after
+   ``SamplerConfig.steps`` steps, the count the engine's step plan decided (as for any
+   request): at the last of them ``<|expand|>`` is forbidden and ``k`` is every masked slot,
+   so the hole is complete when the steps run out.
+
+The engine's step plan prices a DreamOn step as what it runs: a full forward of every row's
+whole canvas, no cache and no shared context (:meth:`~diffill.model.plan.StepPlan.steps_for`,
+``whole_canvases``).
+
+What it shares with the first decoder's loop (:func:`~.loop.run_steps`) and what not: the
+cancel callback is asked before every step, as there; the candidates are trimmed and ranked
+by the same functions (:func:`~.loop.trim_middle`, :func:`~.loop.rank_candidates`). The loop's
+:class:`~.canvas.Canvas`, :class:`~.loop.Rows` and steppers are not used: they hold a batch of
+fixed shape (hole slots at fixed canvas positions), which is what lets the dual cache, the
+shared context and CUDA graphs run a step, and a DreamOn hole changes length every step,
+moving the suffix; so each step rebuilds its canvases in Python and runs the plain model.
+Requests are not batched together (the engine decodes DreamOn requests one after another):
+not done yet, the rows would need a prefix and suffix each.
 
 The middle is the hole up to its first terminator; the score is the mean commit-time
 log-probability over the middle and its terminator, as in the first decoder.
@@ -112,6 +129,12 @@ def _k(row: _Row, dc: DreamOnConfig, sc: SamplerConfig, step: int) -> int:
     if left > 0:
         k = max(k, math.ceil(row.masked / left))
     return k
+
+
+def _no_expand(row: _Row, cap: int, sc: SamplerConfig, step: int) -> bool:
+    """``<|expand|>`` is forbidden: the hole is at its cap, the row's expand budget is spent,
+    or this is the last step the request has (module doc, 5)."""
+    return len(row.hole) >= cap or row.budget <= 0 or step >= sc.steps - 1
 
 
 def _commit(
@@ -229,7 +252,7 @@ def infill_dreamon(
     dev = model_device(model)
     s0 = len(head)
     step = 0
-    while any(r.masked for r in rows):
+    while step < sc.steps and any(r.masked for r in rows):
         if cancel is not None and cancel():
             raise InfillCancelled(f"infill cancelled before step {step + 1}")
         live = [r for r in rows if r.masked]
@@ -254,7 +277,7 @@ def infill_dreamon(
                                for r, js in zip(live, slots, strict=True)]).to(dev)
         at = 0
         for r, js in zip(live, slots, strict=True):
-            if len(r.hole) >= cap or r.budget <= 0:
+            if _no_expand(r, cap, sc, step):
                 logits[at : at + len(js), expand] = float("-inf")
             at += len(js)
         tok, score, logp = (t.tolist() for t in token_scores(logits, sc.strategy, sc.temperature,
@@ -289,7 +312,7 @@ def infill_dreamon_reference(
     dev = model_device(model)
     for r in rows:
         step = 0
-        while r.masked:
+        while step < sc.steps and r.masked:
             canvas = head + [sp.mask if t == MASKED else t for t in r.hole] + tail
             logits_all = model(torch.tensor([canvas], device=dev))[0].float()
             slots = [j for j, t in enumerate(r.hole) if t == MASKED]
@@ -300,7 +323,7 @@ def infill_dreamon_reference(
             for q, j in enumerate(slots):
                 lg = logits_all[max(0, len(head) + j - (1 if cfg.shift_logits else 0))].clone()
                 lg[sp.mask] = float("-inf")
-                if len(r.hole) >= cap or r.budget <= 0:
+                if _no_expand(r, cap, sc, step):
                     lg[expand] = float("-inf")
                 t, s, lp = token_scores(lg, sc.strategy, sc.temperature,
                                         None if noise is None else noise[q])

@@ -293,7 +293,7 @@ def test_dreamon_grows_a_short_hole(tmp_path):
     tok = lm.tokenizer
     pre = tok.encode("def f(x):\n    return (x +")
     res = infill_dreamon(lm.model, lm.config, pre, tok.encode(")\n"),
-                         SamplerConfig(steps=1, lengths=(1,)), dc=DreamOnConfig(cap=6))
+                         SamplerConfig(steps=16, lengths=(1,)), dc=DreamOnConfig(cap=6))
     assert res[0].ids == tok.encode(" 1") and res[0].length == 1  # two tokens from one slot
 
 

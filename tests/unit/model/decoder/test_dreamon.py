@@ -96,6 +96,19 @@ def test_expand_stops_at_the_cap_and_the_budget():
     assert max(m.seen) == 5  # 2 slots + 3 expands
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_decided_steps_bound_the_loop(fast):
+    """However much the model asks to expand, a row takes at most ``SamplerConfig.steps``
+    steps; the last one may not expand and commits every masked slot."""
+    m = Scripted([A, B, C], want=50)
+    run = infill_dreamon if fast else infill_dreamon_reference
+    res = run(m, cfg(), PRE, SUF, SamplerConfig(steps=3, lengths=(2,)), dc=DreamOnConfig(cap=40),
+              dedup=False)
+    assert len(m.seen) == 3 and res[0].steps == 3
+    assert m.seen == [2, 3, 5]  # ceil(masked / steps left) expands a step, none at the last
+    assert res[0].ids and EXPAND not in res[0].ids and MASK not in res[0].ids
+
+
 def test_absorb_removes_masks_after_a_terminator():
     m = Scripted([A], want=1)
     res = infill_dreamon(m, cfg(), PRE, SUF, SamplerConfig(steps=100, lengths=(6,)))
