@@ -50,8 +50,9 @@ result is the same as :func:`diffill.model.decoder.loop.infill` on its own (with
 decode loop (:func:`diffill.model.decoder.loop.run_steps`); the engine adds the grouping, the
 shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs). A
 checkpoint whose recipe carries DreamOn's ``<|expand|>`` / ``<|delete|>`` tokens is
-decoded by :func:`diffill.model.decoder.dreamon.infill_dreamon` instead (the hole grows and
-shrinks; the candidate lengths are its starting lengths), chosen in :meth:`Engine._decode`.
+decoded by the second decoder, :func:`diffill.model.decoder.dreamon.decode_dreamon`, instead
+(the hole grows and shrinks; the candidate lengths are its starting lengths; a batch's
+requests share its forwards too), chosen in :meth:`Engine._decode`.
 
 Candidate hole lengths (the one policy, :func:`default_lengths`). When the caller gives
 none, ``max_tokens`` and the number of distinct middles wanted (``candidates``) are turned
@@ -98,7 +99,7 @@ from .decoder.canvas import (
     initial_state,
     stack_canvases,
 )
-from .decoder.dreamon import infill_dreamon, length_control_ids
+from .decoder.dreamon import decode_dreamon, length_control_ids
 from .decoder.loop import (
     EagerSteps,
     InfillRequest,
@@ -627,34 +628,37 @@ class Engine:
         batched fixed-canvas loop (:meth:`_run`)."""
         if length_control_ids(self.config) is None:
             return self._run(batch)
-        out: list[list[Infill] | BaseException] = []
-        for r in batch:
-            try:
-                out.append(self._dreamon(r))
-            except InfillCancelled as e:
-                out.append(e)
-        return out
+        return self._dreamon(batch)
 
-    def _dreamon(self, req: InfillRequest) -> list[Infill]:
-        """DreamOn's decoding of one request. Its drafts are verified first, by the sampler's
-        rule on a fixed canvas of the longest starting length (one forward): ``wanted``
-        verified drafts answer; otherwise DreamOn decodes as usual and the verified drafts are
-        ranked with its candidates (a partly accepted draft is not carried over: the hole it
-        would sit in changes length)."""
-        verified: list[Infill] = []
-        if req.drafts:
-            sc = dataclasses.replace(req.sampler, steps=1, threshold=None,
-                                     lengths=(max(req.sampler.lengths),))
-            (res,) = self._run([dataclasses.replace(req, sampler=sc)])
+    def _dreamon(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
+        """DreamOn's decoding of a batch (:func:`~.decoder.dreamon.decode_dreamon`: the rows
+        of all its requests in one forward per step). Each request's drafts are verified
+        first, by the first decoder's rule on a fixed canvas of the longest starting length
+        (one forward): ``wanted`` verified drafts answer; otherwise DreamOn decodes as usual
+        and the verified drafts are ranked with its candidates (a partly accepted draft is
+        not carried over: the hole it would sit in changes length)."""
+        out: list[list[Infill] | BaseException | None] = [None] * len(batch)
+        verified: list[list[Infill]] = [[] for _ in batch]
+        for i, req in enumerate(batch):
+            if req.drafts:
+                sc = dataclasses.replace(req.sampler, steps=1, threshold=None,
+                                         lengths=(max(req.sampler.lengths),))
+                (res,) = self._run([dataclasses.replace(req, sampler=sc)])
+                if isinstance(res, InfillCancelled):
+                    out[i] = res
+                    continue
+                verified[i] = [c for c in res if c.verified]
+                if len(verified[i]) >= req.wanted:
+                    out[i] = verified[i]
+        rest = [i for i, o in enumerate(out) if o is None]
+        own = decode_dreamon(self.model, self.config, [batch[i] for i in rest]) if rest else []
+        for i, res in zip(rest, own, strict=True):
             if isinstance(res, InfillCancelled):
-                raise res
-            verified = [c for c in res if c.verified]
-            if len(verified) >= req.wanted:
-                return verified
-        own = infill_dreamon(self.model, self.config, req.prefix_ids, req.suffix_ids,
-                             req.sampler, req.cancel)
-        both = verified + own
-        return rank_candidates(both, list(range(len(both))), True)
+                out[i] = res
+            else:
+                both = verified[i] + res
+                out[i] = rank_candidates(both, list(range(len(both))), True)
+        return [o for o in out if o is not None]  # every request has its answer
 
     # -- the batched denoising loop -----------------------------------------------------------
     def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:

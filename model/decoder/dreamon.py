@@ -41,15 +41,18 @@ The engine's step plan prices a DreamOn step as what it runs: a full forward of 
 whole canvas, no cache and no shared context (:meth:`~diffill.model.plan.StepPlan.steps_for`,
 ``whole_canvases``).
 
-What it shares with the first decoder's loop (:func:`~.loop.run_steps`) and what not: the
-cancel callback is asked before every step, as there; the candidates are trimmed and ranked
-by the same functions (:func:`~.loop.trim_middle`, :func:`~.loop.rank_candidates`). The loop's
-:class:`~.canvas.Canvas`, :class:`~.loop.Rows` and steppers are not used: they hold a batch of
-fixed shape (hole slots at fixed canvas positions), which is what lets the dual cache, the
-shared context and CUDA graphs run a step, and a DreamOn hole changes length every step,
-moving the suffix; so each step rebuilds its canvases in Python and runs the plain model.
-Requests are not batched together (the engine decodes DreamOn requests one after another):
-not done yet, the rows would need a prefix and suffix each.
+What it shares with the first decoder's loop (:func:`~.loop.run_steps`) and what not: it
+takes the same requests (:class:`~.loop.InfillRequest`) and answers them the same way (per
+request its candidates or its :class:`~.spec.InfillCancelled`); it batches the rows of
+several requests (:func:`decode_dreamon`; the engine hands it a group of requests as it
+hands the loop one); each request's cancel callback is asked before every step and a
+cancelled request's rows go while the others go on, as there; the candidates are trimmed
+and ranked by the same functions (:func:`~.loop.trim_middle`, :func:`~.loop.rank_candidates`).
+The loop's :class:`~.canvas.Canvas`, :class:`~.loop.Rows` and steppers are not used: they
+hold a batch of fixed shape (hole slots at fixed canvas positions), which is what lets the
+dual cache, the shared context and CUDA graphs run a step, and a DreamOn hole changes length
+every step, moving the suffix; so each step rebuilds its canvases in Python and runs the
+plain model.
 
 The middle is the hole up to its first terminator; the score is the mean commit-time
 log-probability over the middle and its terminator, as in the first decoder.
@@ -69,7 +72,7 @@ import torch
 
 from ..config import ModelConfig
 from .canvas import canvas_end, canvas_start
-from .loop import rank_candidates, trim_middle
+from .loop import InfillRequest, rank_candidates, trim_middle
 from .spec import (
     Infill,
     InfillCancelled,
@@ -109,6 +112,7 @@ class _Row:
     budget: int
     steps: int = 0
     gen: torch.Generator | None = None
+    owner: int = 0  # the request it belongs to (:func:`decode_dreamon`)
 
     @property
     def masked(self) -> int:
@@ -229,6 +233,82 @@ def _finish(rows: list[_Row], sp: SpecialIds, dedup: bool) -> list[Infill]:
 
 
 @torch.inference_mode()
+def decode_dreamon(model: Any, cfg: ModelConfig, requests: Sequence[InfillRequest], *,
+                   dc: DreamOnConfig | None = None, dedup: bool = True,
+                   ) -> list[list[Infill] | InfillCancelled]:
+    """Expand/delete decoding of requests that share their decoding rules (one
+    :class:`~.spec.StepSpec`, as the engine groups them): one row per candidate starting
+    length of each request, every row of every request in one forward per step (right-padded
+    canvases, each with its own prefix and suffix). Per request: its candidates, best first,
+    or the :class:`~.spec.InfillCancelled` it ended with (its ``cancel`` is asked before
+    every step while it has a masked slot; its rows go, the others go on).
+
+    model: ``forward_hidden(ids [L,T], attention_mask [L,T]) -> (hidden [L,T,D], _)`` and
+    ``head(hidden [..., D]) -> logits [..., V]``. Raises ValueError when the checkpoint has
+    no length-control tokens. Drafts (``InfillRequest.drafts``) are not read here (the
+    engine verifies them first, on a fixed canvas)."""
+    setups = [_setup(cfg, r.prefix_ids, r.suffix_ids, r.sampler, dc, "DreamOn decoding")
+              for r in requests]
+    expand, delete, dc, sp = setups[0].expand, setups[0].delete, setups[0].dc, setups[0].sp
+    sc = requests[0].sampler  # strategy, temperature and steps: the same for every request
+    rows: list[_Row] = []
+    for i, su in enumerate(setups):
+        for r in su.rows:
+            r.owner = i
+            rows.append(r)
+    cancelled: dict[int, InfillCancelled] = {}
+    dev = model_device(model)
+    step = 0
+    while step < sc.steps:
+        for i, req in enumerate(requests):
+            if (i not in cancelled and req.cancel is not None
+                    and any(r.masked for r in rows if r.owner == i) and req.cancel()):
+                cancelled[i] = InfillCancelled(f"infill cancelled before step {step + 1}")
+        live = [r for r in rows if r.masked and r.owner not in cancelled]
+        if not live:
+            break
+        canvases = [setups[r.owner].head + [sp.mask if t == MASKED else t for t in r.hole]
+                    + setups[r.owner].tail for r in live]
+        T = max(len(c) for c in canvases)
+        ids = torch.full((len(live), T), sp.pad, dtype=torch.long)
+        attn = torch.zeros((len(live), T), dtype=torch.bool)
+        for i, c in enumerate(canvases):
+            ids[i, : len(c)] = torch.tensor(c)
+            attn[i, : len(c)] = True
+        ids, attn = ids.to(dev), attn.to(dev)
+        hidden, _ = model.forward_hidden(ids, None if bool(attn.all()) else attn)
+        slots = [[j for j, t in enumerate(r.hole) if t == MASKED] for r in live]
+        shift = 1 if cfg.shift_logits else 0
+        src = [(i, len(setups[r.owner].head) + j - shift)
+               for i, (r, js) in enumerate(zip(live, slots, strict=True)) for j in js]
+        rr = torch.tensor([i for i, _ in src], device=dev)
+        pp = torch.tensor([p for _, p in src], device=dev).clamp_min(0)
+        logits = model.head(hidden[rr, pp]).float()  # [M, V], M = masked slots of all rows
+        logits[:, sp.mask] = float("-inf")
+        noise = None
+        if sc.temperature > 0:
+            noise = torch.cat([torch.rand((len(js), logits.shape[-1]), generator=r.gen)
+                               for r, js in zip(live, slots, strict=True)]).to(dev)
+        at = 0
+        for r, js in zip(live, slots, strict=True):
+            if _no_expand(r, setups[r.owner].cap, sc, step):
+                logits[at : at + len(js), expand] = float("-inf")
+            at += len(js)
+        tok, score, logp = (t.tolist() for t in token_scores(logits, sc.strategy, sc.temperature,
+                                                              noise))
+        at = 0
+        for r, js in zip(live, slots, strict=True):
+            preds = {j: (tok[at + q], score[at + q], logp[at + q]) for q, j in enumerate(js)}
+            at += len(js)
+            r.steps += 1
+            rsc = requests[r.owner].sampler
+            _commit(r, preds, _k(r, dc, rsc, step), rsc.threshold, sp, expand, delete,
+                    rsc.absorb_pad, setups[r.owner].cap)
+        step += 1
+    return [cancelled[i] if i in cancelled else _finish(su.rows, sp, dedup)
+            for i, su in enumerate(setups)]
+
+
 def infill_dreamon(
     model: Any,
     cfg: ModelConfig,
@@ -241,56 +321,15 @@ def infill_dreamon(
     dedup: bool = True,
 ) -> list[Infill]:
     """Expand/delete decoding of the hole between prefix and suffix, one row per candidate
-    starting length (``sc.lengths``), all rows in one forward per step; best first.
-
-    model: ``forward_hidden(ids [L,T], attention_mask [L,T]) -> (hidden [L,T,D], _)`` and
-    ``head(hidden [..., D]) -> logits [..., V]``. Raises :class:`~.spec.InfillCancelled`
-    when ``cancel()`` returns True before a step, ValueError when the checkpoint has no
+    starting length (``sc.lengths``), all rows in one forward per step; best first
+    (:func:`decode_dreamon` of one request). Raises :class:`~.spec.InfillCancelled` when
+    ``cancel()`` returns True before a step, ValueError when the checkpoint has no
     length-control tokens."""
-    expand, delete, dc, sp, rows, cap, head, tail = _setup(cfg, prefix_ids, suffix_ids, sc, dc,
-                                                           "infill_dreamon")
-    dev = model_device(model)
-    s0 = len(head)
-    step = 0
-    while step < sc.steps and any(r.masked for r in rows):
-        if cancel is not None and cancel():
-            raise InfillCancelled(f"infill cancelled before step {step + 1}")
-        live = [r for r in rows if r.masked]
-        T = s0 + max(len(r.hole) for r in live) + len(tail)
-        ids = torch.full((len(live), T), sp.pad, dtype=torch.long)
-        attn = torch.zeros((len(live), T), dtype=torch.bool)
-        for i, r in enumerate(live):
-            row = head + [sp.mask if t == MASKED else t for t in r.hole] + tail
-            ids[i, : len(row)] = torch.tensor(row)
-            attn[i, : len(row)] = True
-        ids, attn = ids.to(dev), attn.to(dev)
-        hidden, _ = model.forward_hidden(ids, None if bool(attn.all()) else attn)
-        slots = [[j for j, t in enumerate(r.hole) if t == MASKED] for r in live]
-        src = [(i, s0 + j - (1 if cfg.shift_logits else 0)) for i, js in enumerate(slots) for j in js]
-        rr = torch.tensor([i for i, _ in src], device=dev)
-        pp = torch.tensor([p for _, p in src], device=dev).clamp_min(0)
-        logits = model.head(hidden[rr, pp]).float()  # [M, V], M = masked slots of all rows
-        logits[:, sp.mask] = float("-inf")
-        noise = None
-        if sc.temperature > 0:
-            noise = torch.cat([torch.rand((len(js), logits.shape[-1]), generator=r.gen)
-                               for r, js in zip(live, slots, strict=True)]).to(dev)
-        at = 0
-        for r, js in zip(live, slots, strict=True):
-            if _no_expand(r, cap, sc, step):
-                logits[at : at + len(js), expand] = float("-inf")
-            at += len(js)
-        tok, score, logp = (t.tolist() for t in token_scores(logits, sc.strategy, sc.temperature,
-                                                              noise))
-        at = 0
-        for r, js in zip(live, slots, strict=True):
-            preds = {j: (tok[at + q], score[at + q], logp[at + q]) for q, j in enumerate(js)}
-            at += len(js)
-            r.steps += 1
-            _commit(r, preds, _k(r, dc, sc, step), sc.threshold, sp, expand, delete,
-                    sc.absorb_pad, cap)
-        step += 1
-    return _finish(rows, sp, dedup)
+    req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel)
+    (res,) = decode_dreamon(model, cfg, [req], dc=dc, dedup=dedup)
+    if isinstance(res, InfillCancelled):
+        raise res
+    return res
 
 
 @torch.inference_mode()

@@ -345,3 +345,32 @@ def test_dreamon_verifies_drafts_on_a_fixed_canvas():
     assert model.seen == [4, 4]  # one forward: the probe's row of the longest length, the draft's
     res = eng.infill(DPRE, DSUF, lengths=(4,), drafts=[[C_]])
     assert res[0].ids == [A_, B_] and not res[0].verified and len(model.seen) > 2
+
+
+def test_dreamon_requests_share_a_batch():
+    """Concurrent requests on a DreamOn checkpoint are decoded together: one forward per step
+    holds the rows of both; one answered by its verified draft leaves the others to DreamOn."""
+    c = dreamon_cfg()
+    model = Scripted([A_, B_], want=2)
+    rows_per_forward: list[int] = []
+    forward_hidden = model.forward_hidden
+
+    def counted(ids, attention_mask=None, **kw):
+        rows_per_forward.append(ids.shape[0])
+        return forward_hidden(ids, attention_mask, **kw)
+
+    model.forward_hidden = counted
+    lm = LoadedModel(model=model, tokenizer=None, config=c, path=Path("."), provenance={},
+                     device=torch.device("cpu"), dtype=torch.float32)
+    eng = Engine(lm, SamplerConfig(steps=8, draft_ratio=0.5))
+    alone = eng.infill(DPRE, DSUF, lengths=(2,))
+    steps = len(rows_per_forward)
+    assert rows_per_forward == [1] * steps
+    rows_per_forward.clear()
+    out = one_batch(eng, [lambda: eng.infill(DPRE, DSUF, lengths=(2,)),
+                          lambda: eng.infill(DPRE, DSUF, lengths=(2,)),
+                          lambda: eng.infill(DPRE, DSUF, lengths=(4,), drafts=[[A_, B_]])])
+    assert eng.stats()["batches"] == 2  # the alone request, then the three together
+    assert [[r.ids for r in got] for got in out[:2]] == [[r.ids for r in alone]] * 2
+    assert [(r.ids, r.verified) for r in out[2]] == [([A_, B_], True)]
+    assert rows_per_forward == [2] + [2] * steps  # the draft's probe, then both rows a step
