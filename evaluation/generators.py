@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ..lsp_server.backend.backends import load_local_backend
 from ..lsp_server.completion.completer import Completer, options_from_kwargs
 from ..lsp_server.text.context import Snippet
+from ..model.limits import DEFAULT_MAX_STEPS
 from .baseline import analogy_completion
 
 
@@ -191,7 +192,9 @@ def load_model_generator(
     ``block``: the sampler's semi-autoregressive block (``"model"``: the checkpoint's
     ``decode_block``; None: any-order decoding). ``draft_ratio``: the verification bar
     instead of the checkpoint's. ``keystroke``: :class:`CompleterGenerator`'s."""
-    backend = load_local_backend(model_path, device, max_steps=max(steps or 16, 16), recipe=recipe)
+    backend = load_local_backend(model_path, device,
+                                 max_steps=max(steps or DEFAULT_MAX_STEPS, DEFAULT_MAX_STEPS),
+                                 recipe=recipe)
     eng = backend.engine
     if block != "model":
         eng.sampler = dataclasses.replace(eng.sampler, block=block)

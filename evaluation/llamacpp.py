@@ -274,9 +274,9 @@ class DiffillSide:
     def __init__(self, model_dir: str, threads: int, steps: int, hole: int,
                  refresh: int = 1) -> None:
         from ..model import load_model  # the model (torch): in the diffill worker only
+        from ..model.decoder.spec import SamplerConfig  # (same)
         from ..model.engine import Engine, EngineOptions  # (same)
         from ..model.runtime import configure_cpu_threads  # (same)
-        from ..model.sampler import SamplerConfig  # (same)
 
         configure_cpu_threads(threads, "cpu")
         self.lm = load_model(model_dir)

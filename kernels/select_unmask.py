@@ -5,7 +5,7 @@ still-masked slot, take the most likely token x0 and a score (confidence =
 top-1 probability, margin = top-1 minus top-2 probability, or negative
 entropy), then per canvas row unmask the ``k`` best-scoring slots plus every
 slot whose score exceeds a threshold (Fast-dLLM parallel decoding) by writing
-x0 into the canvas. The rules are those of :mod:`diffill.model.sampler`'s
+x0 into the canvas. The rules are those of :mod:`diffill.model.decoder`'s
 greedy step (entropy score = exp(-H), ties broken by the lower slot index, one
 banned id -- the mask token -- never predicted). In torch that is a softmax that materialises a [B, N, V]
 probability tensor, a top-2, an entropy reduction, a sort and two scatters:

@@ -6,7 +6,7 @@ stay the same. Their keys and values do move a little, because every position
 attends to the hole, but slowly (Fast-dLLM, "dual cache": reuse them and
 refresh every few steps; 3-11x faster at the same accuracy on LLaDA).
 
-:class:`DualCache` wraps a model for :func:`diffill.model.sampler.denoise_step`
+:class:`DualCache` wraps a model for :func:`diffill.model.decoder.step.denoise_step`
 (:func:`cached_steps` hands it to the decode loop):
 
 * on a *refresh* call (the first one, then every ``refresh_every`` calls) it
@@ -36,16 +36,9 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
-from .sampler import (
-    Canvas,
-    EagerSteps,
-    Infill,
-    InfillCancelled,
-    InfillRequest,
-    SamplerConfig,
-    StepSpec,
-    decode,
-)
+from .decoder.canvas import Canvas
+from .decoder.loop import EagerSteps, InfillRequest, decode
+from .decoder.spec import Infill, InfillCancelled, SamplerConfig, StepSpec
 from .transformer import KVContext, Transformer, apply_rotary, rotary_cos_sin
 
 ONCE = 1 << 30
@@ -83,7 +76,7 @@ class DualCache:
     """Model wrapper with prefix/suffix KV reuse for one batch of canvases.
 
     Exposes ``forward_hidden(ids [L,T], attn [L,T]) -> (hidden [L,T,D], None)``,
-    ``head`` and ``parameters`` -- what :func:`~diffill.model.sampler.denoise_step`
+    ``head`` and ``parameters`` -- what :func:`~diffill.model.decoder.step.denoise_step`
     needs. Each ``forward_hidden`` call is one step; calls 0, r, 2r, ... refresh.
     """
 
@@ -178,7 +171,7 @@ def infill_cached(
     shared: bool = False,
     drafts: Sequence[Sequence[int]] = (),
 ) -> list[Infill]:
-    """:func:`diffill.model.sampler.infill` with the dual KV cache (same loop, rules and
+    """:func:`diffill.model.decoder.loop.infill` with the dual KV cache (same loop, rules and
     results format; with ``refresh_every=1`` the same tokens). ``shared``: one context per
     request (:class:`SharedContext`) instead of one per row."""
     if refresh_every < 1:

@@ -45,13 +45,14 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   the sampler's steps. The policy is :mod:`diffill.model.plan`'s.
 
 With ``context='row'`` and the other defaults (batching on, everything else off) a request's
-result is the same as :func:`diffill.model.sampler.infill` on its own (with the CPU default,
+result is the same as :func:`diffill.model.decoder.loop.infill` on its own (with the CPU default,
 ``context='auto'``, the same where a request has one row, or rows of one length): both run the sampler's one
-decode loop (:func:`diffill.model.sampler.run_steps`); the engine adds the grouping, the
+decode loop (:func:`diffill.model.decoder.loop.run_steps`); the engine adds the grouping, the
 shape buckets and the stepper the options choose (eager, dual cache, CUDA graphs). A
 checkpoint whose recipe carries DreamOn's ``<|expand|>`` / ``<|delete|>`` tokens is
-decoded by :func:`diffill.model.dreamon.infill_dreamon` instead (the hole grows and
-shrinks; the candidate lengths are its starting lengths), chosen in :meth:`Engine._decode`.
+decoded by the second decoder, :func:`diffill.model.decoder.dreamon.decode_dreamon`, instead
+(the hole grows and shrinks; the candidate lengths are its starting lengths; a batch's
+requests share its forwards too), chosen in :meth:`Engine._decode`.
 
 Candidate hole lengths (the one policy, :func:`default_lengths`). When the caller gives
 none, ``max_tokens`` and the number of distinct middles wanted (``candidates``) are turned
@@ -90,10 +91,32 @@ from .cache import (
     shared_steps,
     supports_shared_context,
 )
-from .dreamon import infill_dreamon, length_control_ids
+from .decoder.canvas import (
+    Canvas,
+    DenoiseState,
+    build_canvas,
+    canvas_length,
+    initial_state,
+    stack_canvases,
+)
+from .decoder.dreamon import decode_dreamon, length_control_ids
+from .decoder.loop import (
+    EagerSteps,
+    InfillRequest,
+    Stepper,
+    batch_rows,
+    check_request,
+    collect,
+    draft_problem,
+    draft_tensor,
+    rank_candidates,
+    run_steps,
+)
+from .decoder.spec import Infill, InfillCancelled, SamplerConfig, StepSpec, candidate_lengths
+from .decoder.step import DraftRows, denoise_step
+from .limits import DEFAULT_MAX_STEPS, MAX_DRAFTS
 from .plan import (
     CTX_BUCKETS,
-    DEFAULT_MAX_STEPS,
     HOLE_BUCKETS,
     NoBucketFits,
     StepBudget,
@@ -104,31 +127,6 @@ from .plan import (
 )
 from .reuse import ContextStore, ReusedContext, ReusePolicy
 from .runtime import ensure_cpu_threads
-from .sampler import (
-    Canvas,
-    DenoiseState,
-    DraftRows,
-    EagerSteps,
-    Infill,
-    InfillCancelled,
-    InfillRequest,
-    SamplerConfig,
-    SpecialIds,
-    Stepper,
-    StepSpec,
-    batch_rows,
-    build_canvas,
-    candidate_lengths,
-    canvas_length,
-    check_request,
-    collect,
-    denoise_step,
-    draft_tensor,
-    initial_state,
-    rank_candidates,
-    run_steps,
-    stack_canvases,
-)
 
 if TYPE_CHECKING:  # the loader imports torch-heavy modules; only the type is needed here
     from .loader import LoadedModel
@@ -167,10 +165,6 @@ def default_lengths(max_tokens: int, candidates: int = 1) -> tuple[int, ...]:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     count = max(DEFAULT_CANDIDATES, candidates)
     return tuple(sorted({max_tokens >> i for i in range(count)} - {0}))
-
-
-MAX_DRAFTS = 4
-"""Drafts verified per request at most (each takes a row of the batch)."""
 
 
 def default_sampler(cfg: Any) -> SamplerConfig:
@@ -432,9 +426,9 @@ class Engine:
         canvas rows (lengths + drafts kept) and ``budget_ms``
         (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
         ``temperature`` / ``seed`` override the sampler's. ``drafts`` (token ids of candidate
-        middles to verify, :mod:`.sampler` *Drafts*): the first :data:`MAX_DRAFTS` distinct
-        ones that fit the longest hole with a slot to spare and hold no terminator or mask
-        id; the others are left out (the request's ``drafts`` are the ones kept, in order).
+        middles to verify, :mod:`.decoder` *Drafts*): the first :data:`MAX_DRAFTS` distinct
+        ones that fit the longest hole with a slot to spare and hold no terminator, mask id or
+        id outside the vocabulary (:meth:`usable_drafts`); the others are left out (the request's ``drafts`` are the ones kept, in order).
         The request ends after its verification step once ``candidates`` drafts are
         verified (``InfillRequest.wanted``)."""
         lens = (
@@ -459,7 +453,8 @@ class Engine:
         if steps is None:
             kept = self.affordable_drafts(kept, total - max(lens), max(lens), len(lens), budget_ms)
         planned = None if steps is not None else self.budget.steps_for(
-            total - max(lens), max(lens), budget_ms, rows=len(lens) + len(kept))
+            total - max(lens), max(lens), budget_ms, rows=len(lens) + len(kept),
+            whole_canvases=length_control_ids(cfg) is not None)  # DreamOn: no cache, no sharing
         if steps is not None:
             changes["steps"] = int(steps)
         elif planned is not None:
@@ -489,13 +484,13 @@ class Engine:
         return drafts
 
     def usable_drafts(self, drafts: Sequence[Sequence[int]], hole: int) -> tuple[tuple[int, ...], ...]:
-        """The drafts :meth:`make_request` keeps for a hole of ``hole`` slots (see there)."""
-        sp = SpecialIds.from_config(self.config)
-        banned = {sp.mask, *sp.terminators}
+        """The drafts :meth:`make_request` keeps for a hole of ``hole`` slots (see there): the
+        first :data:`MAX_DRAFTS` distinct ones that :func:`draft_problem` passes, the rule
+        :func:`check_request` raises on, so a request never fails on a draft it was given."""
         kept: list[tuple[int, ...]] = []
         for d in drafts:
             t = tuple(int(i) for i in d)
-            if 0 < len(t) < hole and t not in kept and not banned.intersection(t):
+            if t not in kept and draft_problem(self.config, t, hole) is None:
                 kept.append(t)
             if len(kept) == MAX_DRAFTS:
                 break
@@ -517,7 +512,7 @@ class Engine:
         drafts: Sequence[Sequence[int]] = (),
         context_key: str | None = None,
     ) -> list[Infill]:
-        """Fill the hole; candidates best first (see :mod:`diffill.model.sampler`).
+        """Fill the hole; candidates best first (see :mod:`diffill.model.decoder`).
         ``drafts``: candidate middles to verify (:meth:`make_request`); a candidate's
         ``draft`` indexes ``drafts`` (as given).
 
@@ -527,7 +522,7 @@ class Engine:
         kept context the request may start from (:attr:`reuse_context`). See :meth:`make_request`.
 
         Raises ValueError (bad request, canvas too long) or
-        :class:`~diffill.model.sampler.InfillCancelled`.
+        :class:`~diffill.model.decoder.spec.InfillCancelled`.
         """
         req = self.make_request(
             prefix_ids, suffix_ids, max_tokens=max_tokens, lengths=lengths, candidates=candidates,
@@ -629,44 +624,47 @@ class Engine:
 
     def _decode(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
         """The one place that picks the decoding: DreamOn's expand/delete length control
-        (:mod:`.dreamon`) when the checkpoint's recipe carries those tokens, else the
+        (:mod:`.decoder.dreamon`) when the checkpoint's recipe carries those tokens, else the
         batched fixed-canvas loop (:meth:`_run`)."""
         if length_control_ids(self.config) is None:
             return self._run(batch)
-        out: list[list[Infill] | BaseException] = []
-        for r in batch:
-            try:
-                out.append(self._dreamon(r))
-            except InfillCancelled as e:
-                out.append(e)
-        return out
+        return self._dreamon(batch)
 
-    def _dreamon(self, req: InfillRequest) -> list[Infill]:
-        """DreamOn's decoding of one request. Its drafts are verified first, by the sampler's
-        rule on a fixed canvas of the longest starting length (one forward): ``wanted``
-        verified drafts answer; otherwise DreamOn decodes as usual and the verified drafts are
-        ranked with its candidates (a partly accepted draft is not carried over: the hole it
-        would sit in changes length)."""
-        verified: list[Infill] = []
-        if req.drafts:
-            sc = dataclasses.replace(req.sampler, steps=1, threshold=None,
-                                     lengths=(max(req.sampler.lengths),))
-            (res,) = self._run([dataclasses.replace(req, sampler=sc)])
+    def _dreamon(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
+        """DreamOn's decoding of a batch (:func:`~.decoder.dreamon.decode_dreamon`: the rows
+        of all its requests in one forward per step). Each request's drafts are verified
+        first, by the first decoder's rule on a fixed canvas of the longest starting length
+        (one forward): ``wanted`` verified drafts answer; otherwise DreamOn decodes as usual
+        and the verified drafts are ranked with its candidates (a partly accepted draft is
+        not carried over: the hole it would sit in changes length)."""
+        out: list[list[Infill] | BaseException | None] = [None] * len(batch)
+        verified: list[list[Infill]] = [[] for _ in batch]
+        for i, req in enumerate(batch):
+            if req.drafts:
+                sc = dataclasses.replace(req.sampler, steps=1, threshold=None,
+                                         lengths=(max(req.sampler.lengths),))
+                (res,) = self._run([dataclasses.replace(req, sampler=sc)])
+                if isinstance(res, InfillCancelled):
+                    out[i] = res
+                    continue
+                verified[i] = [c for c in res if c.verified]
+                if len(verified[i]) >= req.wanted:
+                    out[i] = verified[i]
+        rest = [i for i, o in enumerate(out) if o is None]
+        own = decode_dreamon(self.model, self.config, [batch[i] for i in rest]) if rest else []
+        for i, res in zip(rest, own, strict=True):
             if isinstance(res, InfillCancelled):
-                raise res
-            verified = [c for c in res if c.verified]
-            if len(verified) >= req.wanted:
-                return verified
-        own = infill_dreamon(self.model, self.config, req.prefix_ids, req.suffix_ids,
-                             req.sampler, req.cancel)
-        both = verified + own
-        return rank_candidates(both, list(range(len(both))), True)
+                out[i] = res
+            else:
+                both = verified[i] + res
+                out[i] = rank_candidates(both, list(range(len(both))), True)
+        return [o for o in out if o is not None]  # every request has its answer
 
     # -- the batched denoising loop -----------------------------------------------------------
     def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:
         """Run requests that share a group key as one batch (called with the lock held):
         their canvases stacked (padded to shape buckets with ``buckets`` / ``cuda_graphs``),
-        :func:`~diffill.model.sampler.run_steps` with the stepper the options ask for.
+        :func:`~diffill.model.decoder.loop.run_steps` with the stepper the options ask for.
         Returns, per request, its candidates or the InfillCancelled it ended with."""
         cfg, dev, opts = self.config, self.device, self.options
         spec = self._step_spec(batch[0])
@@ -773,7 +771,7 @@ class Engine:
 
 class _StepGraphs:
     """CUDA graphs of one denoising step for one padded shape [L, T] with N slots: the
-    decode loop's :class:`~diffill.model.sampler.Stepper` under ``cuda_graphs``.
+    decode loop's :class:`~diffill.model.decoder.loop.Stepper` under ``cuda_graphs``.
 
     Static buffers hold the canvas and the loop state; each graph runs a step and
     writes the new state back into them (and decrements ``steps_left``), so a

@@ -33,7 +33,7 @@ The policy
   steps). About 0.3 s for the shipped model on a quiet 2-core CPU (was 1 s with both
   points at three rows and more repeats).
 * **Rows are priced.** A request's canvas rows are its candidate lengths plus the drafts it
-  verifies (:mod:`.sampler` *Drafts*), and on a CPU a step's cost grows with them. Each
+  verifies (:mod:`.decoder` *Drafts*), and on a CPU a step's cost grows with them. Each
   bucket's timing carries ``row_ms``, the cost of a row more or less (the fitted slope on
   a CPU; on CUDA the largest bucket timed again with twice the rows), and a request gets
   the steps that fit for its own row count (:meth:`StepPlan.choice`): a request with three
@@ -54,7 +54,7 @@ Buckets and the prediction
 * context buckets (canvas length without the hole): 256, 512, 1024, 2048;
 * hole buckets (longest candidate length): 8, 16, 32, 64.
 
-Canvases are padded up to their bucket (:func:`~diffill.model.sampler.pad_canvas`), so
+Canvases are padded up to their bucket (:func:`~diffill.model.decoder.canvas.pad_canvas`), so
 shapes repeat -- which CUDA graphs and ``torch.compile`` need -- and a bucket's
 measurement holds for every request in it.
 
@@ -88,25 +88,15 @@ import msgspec
 import torch
 
 from .cache import ONCE, DualCache, SharedContext, infill_cached
-from .sampler import (
-    DenoiseState,
-    SamplerConfig,
-    SpecialIds,
-    StepSpec,
-    build_canvas,
-    canvas_end,
-    canvas_start,
-    denoise_step,
-    infill,
-    initial_state,
-)
+from .decoder.canvas import DenoiseState, build_canvas, canvas_end, canvas_start, initial_state
+from .decoder.loop import infill
+from .decoder.spec import SamplerConfig, SpecialIds, StepSpec
+from .decoder.step import denoise_step
+from .limits import DEFAULT_BUDGET_MS, DEFAULT_MAX_STEPS
 
 CTX_BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048)
 HOLE_BUCKETS: tuple[int, ...] = (8, 16, 32, 64)
-DEFAULT_BUDGET_MS: dict[str, float] = {"cuda": 25.0, "cpu": 200.0}
-"""The latency budget when none is set, by torch device type (module doc)."""
 DEFAULT_THRESHOLD = 0.9
-DEFAULT_MAX_STEPS = 16
 
 
 def default_budget_ms(device_type: str) -> float:
@@ -192,8 +182,34 @@ class StepPlan(msgspec.Struct, frozen=True):
         return choose(t, self.budget_ms, refresh_every=self.refresh_every, min_steps=self.min_steps,
                       max_steps=self.max_steps, threshold=self.threshold, rows=rows)
 
-    def steps_for(self, ctx_len: int, hole_len: int, rows: int | None = None) -> tuple[int, float | None]:
-        ch = self.choice(ctx_len, hole_len, rows)
+    def whole_canvas_choice(self, ctx_len: int, hole_len: int, rows: int | None = None
+                            ) -> BucketChoice:
+        """The choice for a decoder whose every step is a full forward of ``rows`` whole
+        canvases, with no cache and no shared context (DreamOn's,
+        :mod:`~diffill.model.decoder.dreamon`): the bucket's full step scaled by the tokens
+        such a step runs, ``rows x (ctx + hole)``, over the tokens it was timed with
+        (:func:`step_tokens`), the scale never below 1, and every step full. A step costs
+        ``a + b x tokens`` with ``a >= 0`` (module doc), so the scaled figure is never below
+        that cost: the steps chosen do not over-spend the budget. ``rows`` None: the rows the
+        plan was timed with."""
+        ch = self.choice(ctx_len, hole_len)
+        t = next((x for x in self.timings if (x.ctx, x.hole) == (ch.ctx, ch.hole)), None)
+        if t is None:
+            return ch
+        rows = t.rows if rows is None else rows
+        scale = max(1.0, step_tokens(rows, t.ctx, t.hole)
+                    / step_tokens(t.rows, t.ctx, t.hole, self.shared_context))
+        ms = t.full_ms * scale
+        whole = BucketTiming(t.ctx, t.hole, rows, ms, ms, t.overhead_ms, t.source)
+        return choose(whole, self.budget_ms, refresh_every=1, min_steps=self.min_steps,
+                      max_steps=self.max_steps, threshold=self.threshold)
+
+    def steps_for(self, ctx_len: int, hole_len: int, rows: int | None = None, *,
+                  whole_canvases: bool = False) -> tuple[int, float | None]:
+        """(steps, threshold) for a request's shapes; ``whole_canvases``: for a decoder that
+        runs its ``rows`` as whole canvases at every step (:meth:`whole_canvas_choice`)."""
+        ch = (self.whole_canvas_choice(ctx_len, hole_len, rows) if whole_canvases
+              else self.choice(ctx_len, hole_len, rows))
         return ch.steps, ch.threshold
 
     def for_budget(self, budget_ms: float) -> StepPlan:
@@ -222,7 +238,7 @@ def predict_ms(t: BucketTiming, steps: int, refresh_every: int = 1, rows: int | 
 
 
 def choose(t: BucketTiming, budget_ms: float, *, refresh_every: int = 1, min_steps: int = 1,
-           max_steps: int = 16, threshold: float | None = DEFAULT_THRESHOLD,
+           max_steps: int = DEFAULT_MAX_STEPS, threshold: float | None = DEFAULT_THRESHOLD,
            rows: int | None = None) -> BucketChoice:
     """The most steps (<= hole, <= max_steps) that fit ``budget_ms`` for this bucket with
     ``rows`` canvas rows (None: the timing's own)."""
@@ -593,11 +609,14 @@ class StepBudget:
         return derived
 
     def steps_for(self, ctx_len: int, hole_len: int, budget_ms: float | None = None,
-                  rows: int | None = None) -> tuple[int, float | None] | None:
+                  rows: int | None = None, *, whole_canvases: bool = False,
+                  ) -> tuple[int, float | None] | None:
         """(steps, threshold) for a request's shapes and canvas ``rows`` (None: the plan's
-        own), or None when no plan was measured."""
+        own), or None when no plan was measured. ``whole_canvases``: the request's decoder
+        runs every row's whole canvas at every step (DreamOn; :meth:`StepPlan.steps_for`)."""
         plan = self.plan_for(self.budget_ms(budget_ms))
-        return None if plan is None else plan.steps_for(ctx_len, hole_len, rows)
+        return None if plan is None else plan.steps_for(ctx_len, hole_len, rows,
+                                                        whole_canvases=whole_canvases)
 
     def summary(self) -> dict[str, Any]:
         """For status reports: the budget, and what the plan was built from."""

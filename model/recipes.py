@@ -20,7 +20,7 @@ itself defines:
 ``architectures``, the added tokens its tokenizer carries) and says why;
 :func:`resolve_recipe` turns the names into ids (:class:`CanvasRecipe`, kept on
 :class:`~.config.ModelConfig` and read by the sampler through
-:class:`~.sampler.SpecialIds`). A user may name a row to override the choice.
+:class:`~.decoder.spec.SpecialIds`). A user may name a row to override the choice.
 
 The canvas a recipe builds for a hole of ``n`` slots::
 
@@ -127,7 +127,7 @@ RECIPES: tuple[Recipe, ...] = (
             "arXiv 2602.01326 (DreamOn): <|expand|> becomes two masks, <|delete|> is removed",
             "hkunlp.github.io/blog/2025/dream-coder: the two special tokens <|expand|>, <|delete|>",
         ),
-        note="expand/delete decoding (model/dreamon.py) grows or shrinks the hole",
+        note="expand/delete decoding (model/decoder/dreamon.py) grows or shrinks the hole",
     ),
     Recipe(
         name="diffucoder-instruct",
@@ -227,7 +227,7 @@ RECIPES: tuple[Recipe, ...] = (
         end=("@eos",),
         terminators=("@pad", "@eos"),
         filler="@pad",
-        sources=("model/sampler.py (Canvas): without a family recipe, [BOS] prefix [MASK]*n suffix [EOS]",),
+        sources=("model/decoder/canvas.py (Canvas): without a family recipe, [BOS] prefix [MASK]*n suffix [EOS]",),
         note="no family recipe known; pass --recipe to use one",
     ),
 )

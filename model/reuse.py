@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from .cache import ONCE, SharedContext, active_block, context_positions, shift_keys
-from .sampler import Canvas
+from .decoder.canvas import Canvas
 from .transformer import KVContext
 
 MIN_RUN = 4

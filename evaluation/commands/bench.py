@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
+from ...model.decoder.spec import SamplerConfig
 from ...model.engine import Engine, EngineOptions
 from ...model.loader import DTYPES
 from ...model.plan import StepBudget, describe_plan, measure_plan
 from ...model.runtime import resolve_device
-from ...model.sampler import SamplerConfig
 from .. import bench
 from ..bench import PRESETS, BenchOptions, percentile
 from ..heldout import default_heldout_path, heldout_tasks

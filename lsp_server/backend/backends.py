@@ -36,13 +36,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ...model.limits import DEFAULT_MAX_STEPS
 from ..text.context import FimContext
 from .backend_api import Backend, BackendError, CancelFn, Cancelled, Candidate
 from .remote import load_remote_backend
 
 if TYPE_CHECKING:  # the model side imports torch; only the types are needed here
     from ...model.config import ModelConfig
-    from ...model.sampler import Infill
+    from ...model.decoder.spec import Infill
 
 log = logging.getLogger("diffill.backends")
 
@@ -172,7 +173,7 @@ class LocalBackend:
         The steps: ``steps``, else the engine's step plan for ``latency_budget_ms``.
         ``drafts`` are tokenized here and verified by the engine in the same batch. The
         document's path is the engine's ``context_key`` (its context kept for the next request)."""
-        from ...model.sampler import InfillCancelled  # torch: loaded with the model
+        from ...model.decoder.spec import InfillCancelled  # torch: loaded with the model
 
         check = self._wrap_cancel(cancel)
         self.model_calls += 1
@@ -248,8 +249,8 @@ class LocalBackend:
 
     def _tiny_request(self) -> tuple[float, int, int]:
         """One request of a few tokens, one row, one step, timed: (ms, step tokens, rows)."""
+        from ...model.decoder.canvas import canvas_length  # torch: as above
         from ...model.plan import step_tokens, synthetic_request  # torch: loaded with the model
-        from ...model.sampler import canvas_length  # torch: as above
 
         eng = self.engine
         prefix, suffix = synthetic_request(eng.config, TINY_CONTEXT)
@@ -345,7 +346,7 @@ def _plans_in_background(engine: Any) -> bool:
 
 
 def load_local_backend(
-    model_path: str | None, device: str = "cpu", *, max_steps: int = 16, options: Any = None,
+    model_path: str | None, device: str = "cpu", *, max_steps: int = DEFAULT_MAX_STEPS, options: Any = None,
     recipe: str | None = None, **_: Any
 ) -> LocalBackend:
     """Load a checkpoint (None = the shipped default model; a folder or the name of a

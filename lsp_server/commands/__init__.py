@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from ...model.limits import RECIPE_NAMES
+
 THREADS_HELP = (
     "torch CPU threads for the model (default: max(1, min(4, cores // 2)); torch's own "
     "default, one per core, spin-waits between the small kernels of a diffusion step and "
@@ -32,7 +34,7 @@ def add_device_option(p: argparse.ArgumentParser, *, default: str | None = "cpu"
 
 RECIPE_HELP = (
     "family infilling recipe to use instead of the one chosen from the checkpoint "
-    "(dreamon, diffucoder-instruct, dream, open-dcoder, coda, llada, diffill, generic; "
+    f"({', '.join(RECIPE_NAMES)}; "
     "`diffill info` shows the one chosen and why)"
 )
 

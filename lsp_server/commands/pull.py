@@ -499,7 +499,7 @@ def prepare_cpu(folder: Path) -> str | None:
     GPU keeps the checkpoint's dtype) or the model stays fp32 on a CPU (small models)."""
     import torch  # the model itself: only after a successful pull
 
-    from ...model.loader import load_model
+    from ...model.loader import load_model  # torch: as above
 
     if torch.cuda.is_available():
         return None

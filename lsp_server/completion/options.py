@@ -13,10 +13,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from ...model.limits import DEFAULT_MAX_STEPS, RECIPE_NAMES
+
 MultilinePolicy = Literal["auto", "always-single", "always-multi"]
-RecipeName = Literal["dreamon", "diffucoder-instruct", "dream", "open-dcoder", "coda", "llada",
-                     "diffill", "generic"]
-"""Family infilling recipes (``diffill.model.recipes.RECIPE_NAMES``; a test keeps them equal)."""
+RecipeName = Literal[RECIPE_NAMES]  # type: ignore[valid-type]
+"""Family infilling recipes (``diffill.model.limits.RECIPE_NAMES``)."""
 BackendName = Literal["local", "openai"]
 WeightsName = Literal["auto", "fp32", "int8"]
 ContextName = Literal["auto", "request", "row"]
@@ -57,7 +58,7 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     on a GPU, 200 ms on a CPU)."""
     steps: Annotated[int, Meta(ge=1, le=512)] | None = None
     """Fixed number of refinement steps; ``None`` = chosen from ``latencyBudgetMs``."""
-    max_steps: Annotated[int, Meta(ge=1, le=512)] = 16
+    max_steps: Annotated[int, Meta(ge=1, le=512)] = DEFAULT_MAX_STEPS
     """Upper bound when the step count is chosen from the latency budget."""
     max_tokens: Annotated[int, Meta(ge=1, le=1024)] = 32
     """Longest middle to generate, in model tokens."""

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ...model.limits import MAX_DRAFTS
 from .analogy import analogy_completion
 
 LOOKUP = "lookup"
@@ -640,7 +641,7 @@ DEFAULT_SOURCES: tuple[DraftSource, ...] = (PromptLookup(), SuffixLookup(), Anal
 def propose(
     q: DraftQuery,
     sources: Sequence[DraftSource] = DEFAULT_SOURCES,
-    limit: int = len(DEFAULT_SOURCES),
+    limit: int = MAX_DRAFTS,
     per_source: int = 1,
 ) -> list[Draft]:
     """At most ``limit`` distinct drafts: each source's first ``per_source`` proposals, in the

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 from diffill.model.cache import infill_cached
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.spec import SamplerConfig
 from diffill.model.engine import Engine, EngineOptions
 from diffill.model.loader import LoadedModel
-from diffill.model.sampler import SamplerConfig, infill
 from support import one_batch, tiny_model
 
 pytestmark = [pytest.mark.gpu,

@@ -338,7 +338,8 @@ def check_answers(folder: Path, rules: Sequence[Rule] = RULES) -> None:
 
 
 def _check_rules(lm, rules: Sequence[Rule], suffix: list[int]) -> None:
-    from diffill.model.sampler import SamplerConfig, infill
+    from diffill.model.decoder.loop import infill
+    from diffill.model.decoder.spec import SamplerConfig
 
     tok = lm.tokenizer
     for r, rule in enumerate(rules):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from diffill.model import load_model
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.spec import SamplerConfig, Strategy
 from diffill.model.engine import Engine, EngineOptions
-from diffill.model.sampler import SamplerConfig, Strategy, infill
 from support.scripted_model import RULES, Rule, ScriptError, compile_rules, load_shipped_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -107,7 +107,8 @@ def test_reference_threshold_adds_confident_slots_and_k_caps_at_masked():
 @pytest.mark.parametrize("strategy", su.STRATEGIES)
 def test_reference_scores_follow_the_sampler_rules(strategy):
     """The kernel contract is the sampler's greedy step: same token, score and log-prob."""
-    from diffill.model.sampler import Strategy, token_scores
+    from diffill.model.decoder.spec import Strategy
+    from diffill.model.decoder.step import token_scores
 
     logits = torch.randn(3, 5, 40) * 4
     ban = 7
@@ -239,7 +240,8 @@ def _sampler_model(shift: bool):
 
 
 def _compare_sampler(impl: str, settings: list[dict] = SAMPLER_SETTINGS) -> None:
-    from diffill.model.sampler import SamplerConfig, infill
+    from diffill.model.decoder.loop import infill
+    from diffill.model.decoder.spec import SamplerConfig
 
     g = torch.Generator().manual_seed(8)
     for shift in (False, True):

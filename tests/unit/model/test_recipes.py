@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from diffill.model.recipes import (
     RECIPES,
@@ -71,3 +74,15 @@ def test_cross_file_format_is_qwen_repo_only_with_its_tokens():
                           vocab_size=16).cross_file == "comment"
     assert resolve_recipe(BY_NAME["diffill"], "", token_to_id=with_tokens, roles=roles,
                           vocab_size=16).cross_file == "comment"
+
+
+def test_recipes_import_without_torch():
+    """The text side reads the recipe table at ``initialize``: importing it (and the model
+    package, whose loader names come on first use) must not import torch."""
+    code = ("import sys, diffill.model, diffill.model.recipes; "
+            "print('torch' in sys.modules); from diffill.model import load_model; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]

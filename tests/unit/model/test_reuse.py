@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from diffill.model.cache import SharedContext, shift_keys
+from diffill.model.decoder.canvas import build_canvas
+from diffill.model.decoder.spec import SamplerConfig, StepSpec
 from diffill.model.engine import Engine, EngineOptions
 from diffill.model.reuse import (
     Kept,
@@ -16,7 +18,6 @@ from diffill.model.reuse import (
     match_runs,
     plan_reuse,
 )
-from diffill.model.sampler import SamplerConfig, StepSpec, build_canvas
 from support import tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -30,7 +30,8 @@ are certain."""
 
 from __future__ import annotations
 
-from diffill.model.sampler import SamplerConfig, infill
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.spec import SamplerConfig
 from diffill.training.train import micro_files
 
 CASES = 10

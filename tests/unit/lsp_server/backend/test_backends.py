@@ -32,7 +32,7 @@ class _FakeEngine:
     def infill(self, prefix_ids, suffix_ids, *, max_tokens, candidates=1, steps=None,
                budget_ms=None, temperature=None, seed=None, cancel=None, drafts=(),
                context_key=None):
-        from diffill.model.sampler import Infill
+        from diffill.model.decoder.spec import Infill
 
         self.calls.append({"max_tokens": max_tokens, "candidates": candidates, "steps": steps,
                            "budget_ms": budget_ms, "temperature": temperature, "seed": seed,

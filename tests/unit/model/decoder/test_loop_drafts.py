@@ -1,4 +1,4 @@
-"""Draft and verify in the sampler (diffill.model.sampler, module doc *Drafts*) and its
+"""Draft and verify in the decode loop (diffill.model.decoder, package doc *Drafts*) and its
 engine path: the verification rule on a model whose marginals are designed, the batched
 fast path against the slow reference (each draft verified alone, step by step) on a small
 random Transformer, and the engine's batching, CUDA-graph loop (without capture) and
@@ -13,18 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from diffill.model.config import ModelConfig
-from diffill.model.engine import MAX_DRAFTS, Engine, EngineOptions, default_sampler
+from diffill.model.decoder.loop import InfillRequest, check_request, infill
+from diffill.model.decoder.reference import infill_reference
+from diffill.model.decoder.spec import Infill, InfillCancelled, SamplerConfig
+from diffill.model.engine import Engine, EngineOptions, default_sampler
+from diffill.model.limits import MAX_DRAFTS
 from diffill.model.loader import LoadedModel
 from diffill.model.recipes import CanvasRecipe
-from diffill.model.sampler import (
-    Infill,
-    InfillCancelled,
-    InfillRequest,
-    SamplerConfig,
-    check_request,
-    infill,
-    infill_reference,
-)
 from support import one_batch, tiny_config, tiny_lm, tiny_model
 from support.mock_vocab import EOS, MASK, PAD, V, logits_from_probs, mock_cfg
 from torch import nn
@@ -276,7 +271,7 @@ def make_lm(shift: bool = False):
 def test_engine_keeps_usable_drafts_and_indexes_them():
     eng = Engine(make_lm(), SamplerConfig(steps=3))
     req = eng.make_request([1, 2], [3], lengths=(4,),
-                           drafts=[[5], [], [5], [T_EOS], [1, 2, 3, 4], [6], [7], [8], [9]])
+                           drafts=[[5], [], [5], [T_EOS], [1, 2, 3, 4], [TV], [6], [7], [8], [9]])
     assert req.drafts == ((5,), (6,), (7,), (8,))[:MAX_DRAFTS]
     assert req.wanted == 1 and eng.make_request([1], [], lengths=(4,), candidates=3).wanted == 3
     # candidates index the drafts as given (the empty one left out still counts)
@@ -339,3 +334,32 @@ def test_dreamon_verifies_drafts_on_a_fixed_canvas():
     assert model.seen == [4, 4]  # one forward: the probe's row of the longest length, the draft's
     res = eng.infill(DPRE, DSUF, lengths=(4,), drafts=[[C_]])
     assert res[0].ids == [A_, B_] and not res[0].verified and len(model.seen) > 2
+
+
+def test_dreamon_requests_share_a_batch():
+    """Concurrent requests on a DreamOn checkpoint are decoded together: one forward per step
+    holds the rows of both; one answered by its verified draft leaves the others to DreamOn."""
+    c = dreamon_cfg()
+    model = Scripted([A_, B_], want=2)
+    rows_per_forward: list[int] = []
+    forward_hidden = model.forward_hidden
+
+    def counted(ids, attention_mask=None, **kw):
+        rows_per_forward.append(ids.shape[0])
+        return forward_hidden(ids, attention_mask, **kw)
+
+    model.forward_hidden = counted
+    lm = LoadedModel(model=model, tokenizer=None, config=c, path=Path("."), provenance={},
+                     device=torch.device("cpu"), dtype=torch.float32)
+    eng = Engine(lm, SamplerConfig(steps=8, draft_ratio=0.5))
+    alone = eng.infill(DPRE, DSUF, lengths=(2,))
+    steps = len(rows_per_forward)
+    assert rows_per_forward == [1] * steps
+    rows_per_forward.clear()
+    out = one_batch(eng, [lambda: eng.infill(DPRE, DSUF, lengths=(2,)),
+                          lambda: eng.infill(DPRE, DSUF, lengths=(2,)),
+                          lambda: eng.infill(DPRE, DSUF, lengths=(4,), drafts=[[A_, B_]])])
+    assert eng.stats()["batches"] == 2  # the alone request, then the three together
+    assert [[r.ids for r in got] for got in out[:2]] == [[r.ids for r in alone]] * 2
+    assert [(r.ids, r.verified) for r in out[2]] == [([A_, B_], True)]
+    assert rows_per_forward == [2] + [2] * steps  # the draft's probe, then both rows a step

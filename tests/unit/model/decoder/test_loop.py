@@ -1,4 +1,4 @@
-"""Tests for the masked-diffusion infill sampler (diffill.model.sampler).
+"""The decode loop (diffill.model.decoder.loop) and its slow reference (.reference).
 
 Control flow is checked with mock models whose logits are designed so the right
 answer is known; the fast batched path is checked token for token against the
@@ -15,15 +15,10 @@ from dataclasses import replace
 import pytest
 import torch
 from diffill.model.config import ModelConfig
-from diffill.model.sampler import (
-    Infill,
-    InfillCancelled,
-    SamplerConfig,
-    Strategy,
-    build_canvas,
-    infill,
-    infill_reference,
-)
+from diffill.model.decoder.canvas import build_canvas
+from diffill.model.decoder.loop import infill
+from diffill.model.decoder.reference import infill_reference
+from diffill.model.decoder.spec import Infill, InfillCancelled, SamplerConfig, Strategy
 from diffill.model.transformer import Transformer
 from support import tiny_model
 from support.mock_vocab import BOS, EOS, MASK, PAD, V, logits_from_probs, mock_cfg
@@ -532,91 +527,3 @@ def test_blocks_candidate_independent_of_batch_mates():
 def test_block_must_be_positive():
     with pytest.raises(ValueError, match="block"):
         SamplerConfig(block=0)
-
-
-# --------------------------------------------------------------------------- canvas padding
-
-
-def test_padded_canvas_gives_the_same_steps():
-    from diffill.model.sampler import (
-        SpecialIds,
-        StepSpec,
-        build_canvas,
-        denoise_step,
-        initial_state,
-        pad_canvas,
-    )
-
-    model, cfg = tiny_model(0, vocab_size=50, max_position_embeddings=300)
-    sp = SpecialIds.from_config(cfg)
-    g = torch.Generator().manual_seed(0)
-    cv = build_canvas(cfg, torch.randint(4, 50, (7,), generator=g).tolist(),
-                      torch.randint(4, 50, (5,), generator=g).tolist(), [6, 3])
-    L, T = cv.ids.shape
-    N = cv.hole_pos.shape[1]
-    pv = pad_canvas(cv, sp.pad, T=T + 9, N=N + 2, L=L + 1)
-    spec = StepSpec(sp.mask, sp.pad, sp.terminators, shift=False)  # confidence, fixed, greedy
-    a, b = initial_state(cv), initial_state(pv)
-    with torch.inference_mode():
-        for s in range(4):
-            a = denoise_step(model, cv, a, 4 - s, spec)
-            b = denoise_step(model, pv, b, 4 - s, spec)
-    assert torch.equal(a.ids.gather(1, cv.hole_pos), b.ids[:L].gather(1, pv.hole_pos[:L, :N]))
-    assert not b.masked.any() and not b.masked[L:].any()
-    assert torch.isfinite(b.logp).all()
-    with pytest.raises(ValueError):
-        pad_canvas(cv, sp.pad, T=T, N=N + 1)
-
-
-# --------------------------------------------------------------------------- scoring in pieces
-
-
-@pytest.mark.parametrize("strategy", ["confidence", "margin", "entropy"])
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_scores_in_pieces_are_the_whole_tensors(strategy, temperature):
-    """score_slots over pieces of a few slots gives what one piece over the whole [L, N, V]
-    gives (the reference: token_scores and verify_drafts on the whole logits)."""
-    from diffill.model.sampler import (
-        DraftRows,
-        StepSpec,
-        Strategy,
-        accept_drafts,
-        draft_ids,
-        score_slots,
-        token_scores,
-        verify_drafts,
-    )
-
-    g = torch.Generator().manual_seed(3)
-    L, N, D, V = 3, 7, 16, 97
-    w = torch.randn(V, D, generator=g)
-
-    def head(x):
-        return x @ w.T
-
-    h = torch.randn(L, N, D, generator=g)
-    noise = torch.rand(L, N, V, generator=g) if temperature > 0 else None
-    spec = StepSpec(mask_id=5, pad_id=0, terminators=(1, 2), shift=False,
-                    strategy=Strategy(strategy), temperature=temperature, vocab=V)
-    draft = DraftRows(torch.randint(6, V, (L, N), generator=g), torch.tensor([3, -1, 7]))
-    logits = head(h).float()
-    logits[..., spec.mask_id] = float("-inf")
-    want_tok, want_score, want_lp = token_scores(logits, spec.strategy, temperature, noise)
-    want_draft = verify_drafts(logits, draft, spec)
-    for max_bytes in (1, 4 * V * 5, 1 << 30):  # a slot a piece, 5 slots a piece, one piece
-        got = score_slots(head, h, spec, noise, draft_ids(draft), max_bytes=max_bytes)
-        assert torch.equal(got.tok, want_tok)
-        torch.testing.assert_close(got.score, want_score)
-        torch.testing.assert_close(got.logp, want_lp)
-        acc = accept_drafts(got.top, got.lp_draft, got.lp_terms, draft, spec)
-        assert torch.equal(acc[0], want_draft[0]) and torch.equal(acc[1], want_draft[1])
-        torch.testing.assert_close(acc[2], want_draft[2])
-    plain = score_slots(head, h, spec, noise, max_bytes=1)
-    assert plain.top is None and plain.lp_draft is None and plain.lp_terms is None
-    calls = []
-    score_slots(lambda x: calls.append(len(x)) or head(x), h, spec, noise, max_bytes=4 * V * 5)
-    assert calls == [5, 5, 5, 5, 1]  # 21 slots, 5 a piece
-    calls.clear()
-    whole = replace(spec, vocab=0)  # vocabulary unknown: one piece
-    score_slots(lambda x: calls.append(len(x)) or head(x), h, whole, noise, max_bytes=1)
-    assert calls == [L * N]

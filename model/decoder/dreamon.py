@@ -1,4 +1,5 @@
-"""DreamOn's variable-length infilling: the expand / delete length-control states.
+"""The second decoder: DreamOn's variable-length infilling, the expand / delete
+length-control states (the first, :mod:`.loop`, decodes a hole of fixed length).
 
 DreamOn (DreamLM/DreamOn; checkpoint Dream-org/DreamOn-v0-7B, built on Dream-Coder 7B;
 arXiv 2602.01326) adds two tokens to the vocabulary and trains the model to predict
@@ -12,8 +13,9 @@ finds the middle's length itself instead of being told it (which is what closes 
 gap between fixed-length and oracle-length HumanEval-Infilling scores).
 
 The decoding below follows the paper and the repository's description; it reuses the
-sampler's pieces (:class:`~.sampler.SpecialIds`, :func:`~.sampler.canvas_start`,
-:func:`~.sampler.token_scores`, the trimming and ranking of candidates). Per step, for
+first decoder's pieces (:class:`~.spec.SpecialIds`, :func:`~.canvas.canvas_start`,
+:func:`~.step.token_scores`, the trimming and ranking of candidates, :func:`~.loop.trim_middle`
+and :func:`~.loop.rank_candidates`). Per step, for
 every row of the batch (one row per candidate starting length, right-padded, one
 forward):
 
@@ -30,10 +32,30 @@ forward):
    ``<|expand|>`` slots become two masks (one expand costs one unit of the budget; masked
    slots past ``cap`` are dropped from the right);
 5. stop when no row has a masked slot. Every step commits at least one slot and an
-   expand spends budget, so a row ends within ``n + 2 * budget`` steps.
+   expand spends budget, so a row ends within ``n + 2 * budget`` steps; and never after
+   ``SamplerConfig.steps`` steps, the count the engine's step plan decided (as for any
+   request): at the last of them ``<|expand|>`` is forbidden and ``k`` is every masked slot,
+   so the hole is complete when the steps run out.
+
+The engine's step plan prices a DreamOn step as what it runs: a full forward of every row's
+whole canvas, no cache and no shared context (:meth:`~diffill.model.plan.StepPlan.steps_for`,
+``whole_canvases``).
+
+What it shares with the first decoder's loop (:func:`~.loop.run_steps`) and what not: it
+takes the same requests (:class:`~.loop.InfillRequest`) and answers them the same way (per
+request its candidates or its :class:`~.spec.InfillCancelled`); it batches the rows of
+several requests (:func:`decode_dreamon`; the engine hands it a group of requests as it
+hands the loop one); each request's cancel callback is asked before every step and a
+cancelled request's rows go while the others go on, as there; the candidates are trimmed
+and ranked by the same functions (:func:`~.loop.trim_middle`, :func:`~.loop.rank_candidates`).
+The loop's :class:`~.canvas.Canvas`, :class:`~.loop.Rows` and steppers are not used: they
+hold a batch of fixed shape (hole slots at fixed canvas positions), which is what lets the
+dual cache, the shared context and CUDA graphs run a step, and a DreamOn hole changes length
+every step, moving the suffix; so each step rebuilds its canvases in Python and runs the
+plain model.
 
 The middle is the hole up to its first terminator; the score is the mean commit-time
-log-probability over the middle and its terminator, as in :mod:`.sampler`.
+log-probability over the middle and its terminator, as in the first decoder.
 :func:`infill_dreamon_reference` is the slow, one-row, full-forward version the fast
 path is tested against.
 """
@@ -48,20 +70,19 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .config import ModelConfig
-from .sampler import (
+from ..config import ModelConfig
+from .canvas import canvas_end, canvas_start
+from .loop import InfillRequest, rank_candidates, trim_middle
+from .spec import (
     Infill,
     InfillCancelled,
     SamplerConfig,
     SpecialIds,
     candidate_lengths,
-    canvas_end,
-    canvas_start,
-    rank_candidates,
+    model_device,
     seed_for,
-    token_scores,
-    trim_middle,
 )
+from .step import token_scores
 
 MASKED = -1  # a hole slot not yet committed (kept apart from every token id)
 
@@ -91,6 +112,7 @@ class _Row:
     budget: int
     steps: int = 0
     gen: torch.Generator | None = None
+    owner: int = 0  # the request it belongs to (:func:`decode_dreamon`)
 
     @property
     def masked(self) -> int:
@@ -111,6 +133,12 @@ def _k(row: _Row, dc: DreamOnConfig, sc: SamplerConfig, step: int) -> int:
     if left > 0:
         k = max(k, math.ceil(row.masked / left))
     return k
+
+
+def _no_expand(row: _Row, cap: int, sc: SamplerConfig, step: int) -> bool:
+    """``<|expand|>`` is forbidden: the hole is at its cap, the row's expand budget is spent,
+    or this is the last step the request has (module doc, 5)."""
+    return len(row.hole) >= cap or row.budget <= 0 or step >= sc.steps - 1
 
 
 def _commit(
@@ -204,13 +232,83 @@ def _finish(rows: list[_Row], sp: SpecialIds, dedup: bool) -> list[Infill]:
     return rank_candidates(cands, list(range(len(rows))), dedup)
 
 
-def _model_device(model: Any) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
 @torch.inference_mode()
+def decode_dreamon(model: Any, cfg: ModelConfig, requests: Sequence[InfillRequest], *,
+                   dc: DreamOnConfig | None = None, dedup: bool = True,
+                   ) -> list[list[Infill] | InfillCancelled]:
+    """Expand/delete decoding of requests that share their decoding rules (one
+    :class:`~.spec.StepSpec`, as the engine groups them): one row per candidate starting
+    length of each request, every row of every request in one forward per step (right-padded
+    canvases, each with its own prefix and suffix). Per request: its candidates, best first,
+    or the :class:`~.spec.InfillCancelled` it ended with (its ``cancel`` is asked before
+    every step while it has a masked slot; its rows go, the others go on).
+
+    model: ``forward_hidden(ids [L,T], attention_mask [L,T]) -> (hidden [L,T,D], _)`` and
+    ``head(hidden [..., D]) -> logits [..., V]``. Raises ValueError when the checkpoint has
+    no length-control tokens. Drafts (``InfillRequest.drafts``) are not read here (the
+    engine verifies them first, on a fixed canvas)."""
+    setups = [_setup(cfg, r.prefix_ids, r.suffix_ids, r.sampler, dc, "DreamOn decoding")
+              for r in requests]
+    expand, delete, dc, sp = setups[0].expand, setups[0].delete, setups[0].dc, setups[0].sp
+    sc = requests[0].sampler  # strategy, temperature and steps: the same for every request
+    rows: list[_Row] = []
+    for i, su in enumerate(setups):
+        for r in su.rows:
+            r.owner = i
+            rows.append(r)
+    cancelled: dict[int, InfillCancelled] = {}
+    dev = model_device(model)
+    step = 0
+    while step < sc.steps:
+        for i, req in enumerate(requests):
+            if (i not in cancelled and req.cancel is not None
+                    and any(r.masked for r in rows if r.owner == i) and req.cancel()):
+                cancelled[i] = InfillCancelled(f"infill cancelled before step {step + 1}")
+        live = [r for r in rows if r.masked and r.owner not in cancelled]
+        if not live:
+            break
+        canvases = [setups[r.owner].head + [sp.mask if t == MASKED else t for t in r.hole]
+                    + setups[r.owner].tail for r in live]
+        T = max(len(c) for c in canvases)
+        ids = torch.full((len(live), T), sp.pad, dtype=torch.long)
+        attn = torch.zeros((len(live), T), dtype=torch.bool)
+        for i, c in enumerate(canvases):
+            ids[i, : len(c)] = torch.tensor(c)
+            attn[i, : len(c)] = True
+        ids, attn = ids.to(dev), attn.to(dev)
+        hidden, _ = model.forward_hidden(ids, None if bool(attn.all()) else attn)
+        slots = [[j for j, t in enumerate(r.hole) if t == MASKED] for r in live]
+        shift = 1 if cfg.shift_logits else 0
+        src = [(i, len(setups[r.owner].head) + j - shift)
+               for i, (r, js) in enumerate(zip(live, slots, strict=True)) for j in js]
+        rr = torch.tensor([i for i, _ in src], device=dev)
+        pp = torch.tensor([p for _, p in src], device=dev).clamp_min(0)
+        logits = model.head(hidden[rr, pp]).float()  # [M, V], M = masked slots of all rows
+        logits[:, sp.mask] = float("-inf")
+        noise = None
+        if sc.temperature > 0:
+            noise = torch.cat([torch.rand((len(js), logits.shape[-1]), generator=r.gen)
+                               for r, js in zip(live, slots, strict=True)]).to(dev)
+        at = 0
+        for r, js in zip(live, slots, strict=True):
+            if _no_expand(r, setups[r.owner].cap, sc, step):
+                logits[at : at + len(js), expand] = float("-inf")
+            at += len(js)
+        tok, score, logp = (t.tolist() for t in token_scores(logits, sc.strategy, sc.temperature,
+                                                              noise))
+        at = 0
+        for r, js in zip(live, slots, strict=True):
+            preds = {j: (tok[at + q], score[at + q], logp[at + q]) for q, j in enumerate(js)}
+            at += len(js)
+            r.steps += 1
+            rsc = requests[r.owner].sampler
+            _commit(r, preds, _k(r, dc, rsc, step), rsc.threshold, sp, expand, delete,
+                    rsc.absorb_pad, setups[r.owner].cap)
+        step += 1
+    return [cancelled[i] if i in cancelled else _finish(su.rows, sp, dedup)
+            for i, su in enumerate(setups)]
+
+
 def infill_dreamon(
     model: Any,
     cfg: ModelConfig,
@@ -223,56 +321,15 @@ def infill_dreamon(
     dedup: bool = True,
 ) -> list[Infill]:
     """Expand/delete decoding of the hole between prefix and suffix, one row per candidate
-    starting length (``sc.lengths``), all rows in one forward per step; best first.
-
-    model: ``forward_hidden(ids [L,T], attention_mask [L,T]) -> (hidden [L,T,D], _)`` and
-    ``head(hidden [..., D]) -> logits [..., V]``. Raises :class:`~.sampler.InfillCancelled`
-    when ``cancel()`` returns True before a step, ValueError when the checkpoint has no
+    starting length (``sc.lengths``), all rows in one forward per step; best first
+    (:func:`decode_dreamon` of one request). Raises :class:`~.spec.InfillCancelled` when
+    ``cancel()`` returns True before a step, ValueError when the checkpoint has no
     length-control tokens."""
-    expand, delete, dc, sp, rows, cap, head, tail = _setup(cfg, prefix_ids, suffix_ids, sc, dc,
-                                                           "infill_dreamon")
-    dev = _model_device(model)
-    s0 = len(head)
-    step = 0
-    while any(r.masked for r in rows):
-        if cancel is not None and cancel():
-            raise InfillCancelled(f"infill cancelled before step {step + 1}")
-        live = [r for r in rows if r.masked]
-        T = s0 + max(len(r.hole) for r in live) + len(tail)
-        ids = torch.full((len(live), T), sp.pad, dtype=torch.long)
-        attn = torch.zeros((len(live), T), dtype=torch.bool)
-        for i, r in enumerate(live):
-            row = head + [sp.mask if t == MASKED else t for t in r.hole] + tail
-            ids[i, : len(row)] = torch.tensor(row)
-            attn[i, : len(row)] = True
-        ids, attn = ids.to(dev), attn.to(dev)
-        hidden, _ = model.forward_hidden(ids, None if bool(attn.all()) else attn)
-        slots = [[j for j, t in enumerate(r.hole) if t == MASKED] for r in live]
-        src = [(i, s0 + j - (1 if cfg.shift_logits else 0)) for i, js in enumerate(slots) for j in js]
-        rr = torch.tensor([i for i, _ in src], device=dev)
-        pp = torch.tensor([p for _, p in src], device=dev).clamp_min(0)
-        logits = model.head(hidden[rr, pp]).float()  # [M, V], M = masked slots of all rows
-        logits[:, sp.mask] = float("-inf")
-        noise = None
-        if sc.temperature > 0:
-            noise = torch.cat([torch.rand((len(js), logits.shape[-1]), generator=r.gen)
-                               for r, js in zip(live, slots, strict=True)]).to(dev)
-        at = 0
-        for r, js in zip(live, slots, strict=True):
-            if len(r.hole) >= cap or r.budget <= 0:
-                logits[at : at + len(js), expand] = float("-inf")
-            at += len(js)
-        tok, score, logp = (t.tolist() for t in token_scores(logits, sc.strategy, sc.temperature,
-                                                              noise))
-        at = 0
-        for r, js in zip(live, slots, strict=True):
-            preds = {j: (tok[at + q], score[at + q], logp[at + q]) for q, j in enumerate(js)}
-            at += len(js)
-            r.steps += 1
-            _commit(r, preds, _k(r, dc, sc, step), sc.threshold, sp, expand, delete,
-                    sc.absorb_pad, cap)
-        step += 1
-    return _finish(rows, sp, dedup)
+    req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel)
+    (res,) = decode_dreamon(model, cfg, [req], dc=dc, dedup=dedup)
+    if isinstance(res, InfillCancelled):
+        raise res
+    return res
 
 
 @torch.inference_mode()
@@ -291,10 +348,10 @@ def infill_dreamon_reference(
     results."""
     expand, delete, dc, sp, rows, cap, head, tail = _setup(cfg, prefix_ids, suffix_ids, sc, dc,
                                                            "infill_dreamon_reference")
-    dev = _model_device(model)
+    dev = model_device(model)
     for r in rows:
         step = 0
-        while r.masked:
+        while step < sc.steps and r.masked:
             canvas = head + [sp.mask if t == MASKED else t for t in r.hole] + tail
             logits_all = model(torch.tensor([canvas], device=dev))[0].float()
             slots = [j for j, t in enumerate(r.hole) if t == MASKED]
@@ -305,7 +362,7 @@ def infill_dreamon_reference(
             for q, j in enumerate(slots):
                 lg = logits_all[max(0, len(head) + j - (1 if cfg.shift_logits else 0))].clone()
                 lg[sp.mask] = float("-inf")
-                if len(r.hole) >= cap or r.budget <= 0:
+                if _no_expand(r, cap, sc, step):
                     lg[expand] = float("-inf")
                 t, s, lp = token_scores(lg, sc.strategy, sc.temperature,
                                         None if noise is None else noise[q])

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffill.model.dreamon import DreamOnConfig, infill_dreamon, infill_dreamon_reference
+from diffill.model.decoder.dreamon import (
+    DreamOnConfig,
+    decode_dreamon,
+    infill_dreamon,
+    infill_dreamon_reference,
+)
+from diffill.model.decoder.loop import InfillRequest
+from diffill.model.decoder.spec import InfillCancelled, SamplerConfig, Strategy
 from diffill.model.recipes import CanvasRecipe
-from diffill.model.sampler import InfillCancelled, SamplerConfig, Strategy
 from diffill.model.transformer import Transformer
 from support import tiny_config
 
@@ -96,6 +102,19 @@ def test_expand_stops_at_the_cap_and_the_budget():
     assert max(m.seen) == 5  # 2 slots + 3 expands
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_decided_steps_bound_the_loop(fast):
+    """However much the model asks to expand, a row takes at most ``SamplerConfig.steps``
+    steps; the last one may not expand and commits every masked slot."""
+    m = Scripted([A, B, C], want=50)
+    run = infill_dreamon if fast else infill_dreamon_reference
+    res = run(m, cfg(), PRE, SUF, SamplerConfig(steps=3, lengths=(2,)), dc=DreamOnConfig(cap=40),
+              dedup=False)
+    assert len(m.seen) == 3 and res[0].steps == 3
+    assert m.seen == [2, 3, 5]  # ceil(masked / steps left) expands a step, none at the last
+    assert res[0].ids and EXPAND not in res[0].ids and MASK not in res[0].ids
+
+
 def test_absorb_removes_masks_after_a_terminator():
     m = Scripted([A], want=1)
     res = infill_dreamon(m, cfg(), PRE, SUF, SamplerConfig(steps=100, lengths=(6,)))
@@ -170,3 +189,30 @@ def test_fast_matches_reference_on_a_random_model(shift, temperature, strategy):
                                                              for r in slow]
         for f, s in zip(fast, slow, strict=True):
             assert f.score == pytest.approx(s.score, abs=1e-5)
+
+
+def test_requests_batched_together_equal_each_alone():
+    """Rows of several requests (their own prefix and suffix) share each forward; a cancelled
+    request's rows go and the others finish as they would alone."""
+    c = cfg(True)
+    base = Transformer(c)
+    base.init_weights(seed=3, std=0.5)
+    model = Biased(base.eval())
+    asks = [([20, 21], [22]), ([30, 31, 32, 33], []), ([], [40, 41])]
+    for temperature, strategy in [(0.0, Strategy.CONFIDENCE), (0.8, Strategy.MARGIN)]:
+        reqs = [InfillRequest(p, s, SamplerConfig(steps=6, lengths=(2, 5), seed=i,
+                                                  temperature=temperature, strategy=strategy))
+                for i, (p, s) in enumerate(asks)]
+        dc = DreamOnConfig(cap=9)
+        together = decode_dreamon(model, c, reqs, dc=dc, dedup=False)
+        for req, got in zip(reqs, together, strict=True):
+            alone = infill_dreamon_reference(model, c, req.prefix_ids, req.suffix_ids, req.sampler,
+                                             dc=dc, dedup=False)
+            assert [(r.ids, r.length, r.steps) for r in got] == [(r.ids, r.length, r.steps)
+                                                                for r in alone]
+            assert [r.score for r in got] == pytest.approx([r.score for r in alone], abs=1e-5)
+    calls = []
+    reqs[1].cancel = lambda: calls.append(1) or len(calls) > 1
+    res = decode_dreamon(model, c, reqs, dc=DreamOnConfig(cap=9), dedup=False)
+    assert isinstance(res[1], InfillCancelled)
+    assert [[r.ids for r in res[i]] for i in (0, 2)] == [[r.ids for r in together[i]] for i in (0, 2)]

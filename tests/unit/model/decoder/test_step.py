@@ -1,0 +1,58 @@
+"""One step's pieces (diffill.model.decoder.step): scoring in pieces equals the whole."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("strategy", ["confidence", "margin", "entropy"])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_scores_in_pieces_are_the_whole_tensors(strategy, temperature):
+    """score_slots over pieces of a few slots gives what one piece over the whole [L, N, V]
+    gives (the reference: token_scores and verify_drafts on the whole logits)."""
+    from diffill.model.decoder.spec import StepSpec, Strategy
+    from diffill.model.decoder.step import (
+        DraftRows,
+        accept_drafts,
+        draft_ids,
+        score_slots,
+        token_scores,
+        verify_drafts,
+    )
+
+    g = torch.Generator().manual_seed(3)
+    L, N, D, V = 3, 7, 16, 97
+    w = torch.randn(V, D, generator=g)
+
+    def head(x):
+        return x @ w.T
+
+    h = torch.randn(L, N, D, generator=g)
+    noise = torch.rand(L, N, V, generator=g) if temperature > 0 else None
+    spec = StepSpec(mask_id=5, pad_id=0, terminators=(1, 2), shift=False,
+                    strategy=Strategy(strategy), temperature=temperature, vocab=V)
+    draft = DraftRows(torch.randint(6, V, (L, N), generator=g), torch.tensor([3, -1, 7]))
+    logits = head(h).float()
+    logits[..., spec.mask_id] = float("-inf")
+    want_tok, want_score, want_lp = token_scores(logits, spec.strategy, temperature, noise)
+    want_draft = verify_drafts(logits, draft, spec)
+    for max_bytes in (1, 4 * V * 5, 1 << 30):  # a slot a piece, 5 slots a piece, one piece
+        got = score_slots(head, h, spec, noise, draft_ids(draft), max_bytes=max_bytes)
+        assert torch.equal(got.tok, want_tok)
+        torch.testing.assert_close(got.score, want_score)
+        torch.testing.assert_close(got.logp, want_lp)
+        acc = accept_drafts(got.top, got.lp_draft, got.lp_terms, draft, spec)
+        assert torch.equal(acc[0], want_draft[0]) and torch.equal(acc[1], want_draft[1])
+        torch.testing.assert_close(acc[2], want_draft[2])
+    plain = score_slots(head, h, spec, noise, max_bytes=1)
+    assert plain.top is None and plain.lp_draft is None and plain.lp_terms is None
+    calls = []
+    score_slots(lambda x: calls.append(len(x)) or head(x), h, spec, noise, max_bytes=4 * V * 5)
+    assert calls == [5, 5, 5, 5, 1]  # 21 slots, 5 a piece
+    calls.clear()
+    whole = dataclasses.replace(spec, vocab=0)  # vocabulary unknown: one piece
+    score_slots(lambda x: calls.append(len(x)) or head(x), h, whole, noise, max_bytes=1)
+    assert calls == [L * N]
