@@ -33,7 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..lsp_server.drafting.drafts import DraftQuery, propose
+from ..lsp_server.drafting.drafts import propose
+from ..lsp_server.drafting.query import DraftQuery
 from ..lsp_server.project.gather import DEFINITIONS_BUDGET_MS, Extras, Gatherer
 from ..lsp_server.project.workspace import IndexLimits, WorkspaceIndex, build_index
 from .baseline import analogy_completion

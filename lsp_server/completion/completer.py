@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backend.backends import BACKENDS, Backend, CancelFn, Cancelled, Candidate
-from ..drafting.drafts import Draft, DraftQuery, propose
+from ..drafting.drafts import propose
+from ..drafting.query import Draft, DraftQuery
 from ..text import languages, treesitter
 from ..text.context import FimContext, Snippet, build_context, comment_prefix
 from ..text.postprocess import AUTO_CLOSED, Processed, dedupe, postprocess

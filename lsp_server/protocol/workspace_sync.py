@@ -9,7 +9,7 @@ kept current, the ring of recent regions, and the extras each request gets.
 * **Kept current**: ``didSave`` re-reads the file; ``workspace/didChangeWatchedFiles``
   re-reads or drops the files it names (the watcher for ``**/*`` is registered dynamically
   when the client allows it: ``workspace.didChangeWatchedFiles.dynamicRegistration``), except
-  those the build leaves out (``.gitignore``'d, vendored, generated: :func:`.workspace.excluded`,
+  those the build leaves out (``.gitignore``'d, vendored, generated: :func:`.workspace_files.excluded`,
   so an ``npm install`` or a build under the folder does not fill the index); an edited open
   document is re-indexed from its text half a second after its last change, on the index's
   thread; a file under no workspace folder, or one the build leaves out, is indexed while it
@@ -43,7 +43,8 @@ from pygls.uris import to_fs_path
 from ..completion.options import CompletionOptions
 from ..project.gather import DEFINITIONS_BUDGET_MS, Extras, Gatherer
 from ..project.recent import RecentRing
-from ..project.workspace import IndexLimits, WorkspaceIndex, build_index, excluded, read_text_file
+from ..project.workspace import IndexLimits, WorkspaceIndex, build_index
+from ..project.workspace_files import excluded, read_text_file
 
 log = logging.getLogger("diffill.workspace")
 
@@ -155,7 +156,7 @@ class WorkspaceSync:
         return any(path.startswith(r + os.sep) for r in self.roots)
 
     def _excluded(self, path: str) -> bool:
-        """Left out by the walk of every workspace folder holding it (:func:`.workspace.excluded`:
+        """Left out by the walk of every workspace folder holding it (:func:`.workspace_files.excluded`:
         its ignore files, vendored/generated folders, its name)."""
         return all(excluded(r, path) for r in self.roots if path.startswith(r + os.sep))
 

@@ -36,7 +36,7 @@ class Language:
     their own closers first). ``pairs``: opener+closer pairs editors auto-close. ``keywords``:
     reserved words the grammar reads as a plain name where the language's own parser rejects
     them (tree-sitter-ruby parses a stray ``end`` as a method call, with no error): the syntax
-    guard counts such a name as an error (:func:`.treesitter.strays`)."""
+    guard counts such a name as an error (:func:`.treesitter_guard.strays`)."""
 
     name: str
     ids: tuple[str, ...]

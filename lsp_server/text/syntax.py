@@ -52,7 +52,7 @@ import warnings
 from collections import OrderedDict
 from itertools import accumulate
 
-from . import treesitter
+from . import treesitter, treesitter_guard
 
 MAX_CHARS = 300_000
 WIDE_MAX = 8_000
@@ -285,7 +285,7 @@ class SyntaxGuard:
         self.text, self.offset = text, offset
         self.applies = is_python(language, path)
         lang = None if self.applies else treesitter.language_for(language, path)
-        self.tree_guard = None if lang is None else treesitter.TreeGuard(text, offset, lang, key=path)
+        self.tree_guard = None if lang is None else treesitter_guard.TreeGuard(text, offset, lang, key=path)
         """The judge for a language other than Python (None: Python, or no grammar: text rules)."""
         self.huge = len(text) > MAX_CHARS  # judged on the segment alone (module doc)
         self._segments: dict[tuple[bool, int | None], tuple[int, int, int] | None] = {}

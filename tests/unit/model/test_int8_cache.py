@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffill.model import int8_cache, quant
-from diffill.model import loader as loader_mod
+from diffill.model import int8_cache, int8_load, quant
 from diffill.model.int8_cache import CACHE_ENV, CACHE_MIN_PARAMS, resolve_cache_dir
 from diffill.model.loader import load_model
 from diffill.model.quant import int8_available
@@ -27,7 +26,7 @@ LOG = "diffill.model"
 def small_pieces(monkeypatch):
     """Pack 16 rows per piece, so the tiny head (64 rows) comes in several pieces."""
     monkeypatch.setattr(quant, "PACK_ROWS", 16)
-    monkeypatch.setattr(loader_mod, "PACK_ROWS", 16)
+    monkeypatch.setattr(int8_load, "PACK_ROWS", 16)
 
 
 def _ckpt(folder: Path, *, bf16: bool = True, **changes) -> Path:

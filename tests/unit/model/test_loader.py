@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffill.model import CheckpointError, LoadedModel, load_model
+from diffill.model import CheckpointError, LoadedModel, checkpoint_files, load_model
 from diffill.model import loader as loader_mod
 from diffill.model.config import ModelConfig
 from diffill.model.loader import resolve_dtype
@@ -17,7 +17,6 @@ from diffill.model.transformer import Transformer
 from diffill.model.weights import to_checkpoint_names
 from safetensors.torch import save_file
 from support import tiny_config, write_diffill_checkpoint, write_tokenizer
-from torch.overrides import TorchFunctionMode
 
 
 def test_diffill_roundtrip(tiny_ckpt):
@@ -54,42 +53,10 @@ def test_model_is_built_on_meta_device(tiny_ckpt, monkeypatch):
             super().__init__(cfg)
             devices.append(next(self.parameters()).device.type)
 
-    monkeypatch.setattr(loader_mod, "Transformer", Recording)
+    monkeypatch.setattr(checkpoint_files, "Transformer", Recording)
     lm = load_model(folder)
     assert devices and set(devices) == {"meta"}
     assert isinstance(lm.model, Recording)
-
-
-def test_meta_skeleton_skips_initialisers_only_on_meta():
-    """The skeleton runs no initialiser (on meta, normal_ is a Python reference that
-    imports torch._dynamo: seconds of a load); the same mode leaves real tensors alone."""
-
-    class Probe(TorchFunctionMode):  # outside the skip mode: sees what it lets through
-        def __init__(self) -> None:
-            super().__init__()
-            self.names: set[str] = set()
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.names.add(getattr(func, "__name__", ""))
-            return func(*args, **(kwargs or {}))
-
-    cfg = tiny_config(tie_embeddings=False, qkv_bias=True)
-    with Probe() as seen:
-        sk = loader_mod._skeleton(cfg)
-    with Probe() as plain_seen, torch.device("meta"):
-        plain = Transformer(cfg)
-    assert {t.device.type for t in sk.state_dict().values()} == {"meta"}
-    assert {k: v.shape for k, v in sk.state_dict().items()} == {
-        k: v.shape for k, v in plain.state_dict().items()}
-    inits = {"normal_", "kaiming_uniform_", "uniform_"}
-    assert inits <= plain_seen.names  # a plain meta build runs them
-    assert "empty" in seen.names and not inits & seen.names  # the skeleton skips them
-
-    real = torch.zeros(4)
-    with loader_mod._SkipMetaInit():
-        torch.nn.init.ones_(real)
-        real.add_(1.0)
-    assert torch.equal(real, torch.full((4,), 2.0))
 
 
 def test_load_does_not_import_dynamo(tiny_ckpt):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffill.model import CheckpointError, ConfigError, load_model
+from diffill.model import CheckpointError, ConfigError, checkpoint_files, load_model
 from diffill.model import loader as loader_mod
 from diffill.model.tokenizer import TokenizerError
 from safetensors.torch import load_file, save_file
@@ -326,7 +326,7 @@ class _Tracked:
     def __init__(self, monkeypatch):
         self.models: list[weakref.ref] = []
         self.tensors: list[weakref.ref] = []
-        base = loader_mod.Transformer
+        base = checkpoint_files.Transformer
         outer = self
 
         class Recording(base):  # type: ignore[misc, valid-type]
@@ -334,7 +334,7 @@ class _Tracked:
                 super().__init__(cfg)
                 outer.models.append(weakref.ref(self))
 
-        monkeypatch.setattr(loader_mod, "Transformer", Recording)
+        monkeypatch.setattr(checkpoint_files, "Transformer", Recording)
 
     def alive(self) -> tuple[int, int]:
         gc.collect()
@@ -346,7 +346,7 @@ class _Tracked:
 
 def _fail_on_nth_read(monkeypatch, tracked: _Tracked, n: int) -> None:
     """Make the data phase fail on its n-th tensor read (after n-1 succeeded)."""
-    real = loader_mod.safe_open
+    real = checkpoint_files.safe_open
     count = {"reads": 0}
 
     class Handle:
@@ -374,7 +374,7 @@ def _fail_on_nth_read(monkeypatch, tracked: _Tracked, n: int) -> None:
         def __exit__(self, *exc):
             return self.cm.__exit__(*exc)
 
-    monkeypatch.setattr(loader_mod, "safe_open", Opener)
+    monkeypatch.setattr(checkpoint_files, "safe_open", Opener)
 
 
 def test_failed_read_leaves_nothing_alive(ckpt, monkeypatch):

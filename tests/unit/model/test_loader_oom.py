@@ -7,22 +7,14 @@ import errno
 from pathlib import Path
 
 import pytest
-from diffill.model import loader
-from diffill.model.loader import CheckpointError, is_out_of_memory, load_model
-
-
-def test_is_out_of_memory():
-    assert is_out_of_memory(MemoryError())
-    assert is_out_of_memory(OSError(errno.ENOMEM, "Cannot allocate memory"))
-    assert is_out_of_memory(RuntimeError("Error while deserializing header: Cannot allocate memory (os error 12)"))
-    assert not is_out_of_memory(OSError(errno.ENOENT, "No such file or directory"))
-    assert not is_out_of_memory(RuntimeError("Error while deserializing header: HeaderTooLarge"))
+from diffill.model import checkpoint_files
+from diffill.model.loader import CheckpointError, load_model
 
 
 @pytest.mark.parametrize("when", ["header", "read"])
 def test_enomem_while_mapping_is_a_memory_error(scripted_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                  when: str):
-    real = loader.safe_open
+    real = checkpoint_files.safe_open
 
     def failing(path, framework, **kw):
         if (when == "header") == ("device" not in kw):
@@ -31,7 +23,7 @@ def test_enomem_while_mapping_is_a_memory_error(scripted_model_dir: Path, monkey
             raise RuntimeError("Error while deserializing: Cannot allocate memory (os error 12)")
         return real(path, framework=framework, **kw)
 
-    monkeypatch.setattr(loader, "safe_open", failing)
+    monkeypatch.setattr(checkpoint_files, "safe_open", failing)
     with pytest.raises(MemoryError, match="out of memory") as e:
         load_model(str(scripted_model_dir))
     assert "corrupt" not in str(e.value)
@@ -41,6 +33,6 @@ def test_a_corrupt_file_is_still_a_checkpoint_error(scripted_model_dir: Path, mo
     def corrupt(path, framework, **kw):
         raise RuntimeError("Error while deserializing header: HeaderTooLarge")
 
-    monkeypatch.setattr(loader, "safe_open", corrupt)
+    monkeypatch.setattr(checkpoint_files, "safe_open", corrupt)
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_model(str(scripted_model_dir))

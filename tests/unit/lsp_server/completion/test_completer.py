@@ -226,7 +226,7 @@ def test_reindented_lines_a_draft_up_with_the_code_around_the_cursor():
 
 def test_drafts_at_another_depth_are_shifted_only_when_nothing_else_is_kept(monkeypatch):
     from diffill.lsp_server.completion import completer as mod
-    from diffill.lsp_server.drafting.drafts import Draft
+    from diffill.lsp_server.drafting.query import Draft
     from diffill.lsp_server.text.syntax import SyntaxGuard
 
     text, off = _cursor(DEPTHS)
@@ -270,7 +270,7 @@ def test_shifted_drafts_stay_in_the_function_holding_the_cursor():
 
 def test_a_copied_block_that_reads_names_unbound_where_it_lands_is_not_offered(monkeypatch):
     from diffill.lsp_server.completion import completer as mod
-    from diffill.lsp_server.drafting.drafts import Draft
+    from diffill.lsp_server.drafting.query import Draft
     from diffill.lsp_server.text.syntax import SyntaxGuard
 
     text, off = _stats_cursor()
