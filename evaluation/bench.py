@@ -42,7 +42,7 @@ from ..kernels import select_unmask as su
 from ..model import attention
 from ..model.cache import SharedContext
 from ..model.config import ModelConfig
-from ..model.engine import Engine, EngineOptions
+from ..model.engine import Engine, EngineAsk, EngineOptions
 from ..model.loader import LoadedModel, default_model_path, load_model
 from ..model.plan import synthetic_request, time_ms
 from ..model.quant import quantize_model
@@ -306,7 +306,7 @@ def run_bench(bm: BenchModel, opts: BenchOptions,
 
                         def fn(eng=engines[r], steps=steps, prefix=prefix, suffix=suffix,
                                lengths=lengths) -> None:
-                            eng.infill(prefix, suffix, lengths=lengths, steps=steps)
+                            eng.infill(EngineAsk(prefix, suffix, lengths=lengths, steps=steps))
 
                         ms = timed(fn, dev, opts.repeats, max(1, opts.warmup))
                         row = {"ctx": ctx, "hole": hole, "steps": steps, "refresh": r,
@@ -467,7 +467,7 @@ def profile_infill(bm: BenchModel, opts: BenchOptions, path: str | Path, *,
     lengths = _lengths(hole, opts.candidates)
 
     def once() -> None:
-        eng.infill(prefix, suffix, lengths=lengths, steps=steps)
+        eng.infill(EngineAsk(prefix, suffix, lengths=lengths, steps=steps))
 
     once()
     _sync(bm.device)

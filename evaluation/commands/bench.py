@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
-from ...model.engine import Engine, EngineOptions
+from ...model.engine import Engine, EngineAsk, EngineOptions
 from ...model.loader import DTYPES
 from ...model.plan import StepBudget, describe_plan, measure_plan
 from ...model.runtime import resolve_device
@@ -534,7 +534,7 @@ def cache_quality(lm: Any, n: int, *, refresh: list[int], heldout: str | None = 
         t0 = time.perf_counter()
         mids = []
         for i, (pre, suf, target) in enumerate(reqs):
-            res = eng.infill(pre, suf, max_tokens=max_tokens)
+            res = eng.infill(EngineAsk(pre, suf, max_tokens=max_tokens))
             ids = res[0].ids if res else []
             mids.append(ids)
             em += tok.decode(ids).strip() == target.strip()

@@ -82,10 +82,13 @@ class _Scripted:
     def max_context_tokens(self, max_tokens):
         return None
 
-    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None, **kw):
-        from diffill.lsp_server.backends import Candidate
+    def infill(self, ctx, ask):
+        from diffill.lsp_server.backends import Candidate, InfillResult
 
-        return [Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers)]
+        return InfillResult([Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers)])
+
+    def budget_ms(self, requested=None):
+        return requested
 
     def describe(self):
         return {}
