@@ -346,7 +346,8 @@ def load_local_backend(
 ) -> LocalBackend:
     """Load a checkpoint (None = the shipped default model; a folder or the name of a
     pulled checkpoint) into a :class:`LocalBackend`. ``options`` (CompletionOptions)
-    supplies the engine's latency budget and the ``recipe`` override (``recipe`` given here
+    supplies the engine's default latency budget (what a request without one falls back to;
+    the completer passes each call its request's budget in the ask) and the ``recipe`` override (``recipe`` given here
     wins); ``max_steps`` bounds the steps its plan chooses."""
     from ..model import load_model  # torch: the server imports this module before `initialize`
     from ..model.engine import Engine, EngineOptions  # torch: as above

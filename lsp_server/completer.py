@@ -20,7 +20,9 @@ it also replaces that many characters right of the cursor on the cursor line
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -330,7 +332,10 @@ class Completer:
         open documents); a draft that
         post-processing or the syntax guard would drop is not sent. When only verified
         drafts came back and none survives post-processing, the model runs again without
-        them."""
+        them, unless the request's budget is spent.
+
+        One latency budget for the whole request (not per model call): the first call gets
+        it whole, a later one what is left (:class:`_Calls`)."""
         o = self.options
         n = max(ask.n, 1)
         multiline = ask.multiline
@@ -432,11 +437,11 @@ class Completer:
         """The model's candidates with ``drafts`` verified, ``cut`` (token healing's, or as
         they are), and the suggestions ``show`` makes of them; when all came back verified
         (the request finished at its first step) and none is shown, the model runs again
-        without drafts."""
+        without drafts, unless the request's budget is spent (:class:`_Calls`)."""
         raw = calls.infill(ctx, drafts)
         cands = cut(raw)
         sugg = show(cands) if cands else []
-        if drafts and raw and all(c.verified for c in raw) and not sugg:
+        if drafts and raw and all(c.verified for c in raw) and not sugg and not calls.spent():
             cands = cut(calls.infill(ctx))
             sugg = show(cands) if cands else []
         return cands, sugg
@@ -462,7 +467,20 @@ class Completer:
 class _Calls:
     """The model calls of one :meth:`Completer.run`: each call's :class:`InfillAsk` made from
     the request's :class:`CompletionAsk` and the options, the calls counted, the last step
-    decision kept."""
+    decision kept -- and one latency budget for them all.
+
+    One budget per editor request: the budget in force (the ask's, else the options'
+    ``latencyBudgetMs``, else the backend's default: ``Backend.budget_ms``) is the request's,
+    not each call's. Its deadline starts with :meth:`Completer.run`. The first model call
+    gets the whole budget, so the usual request (one call) gets the same steps whatever the
+    machine's load, as the step plan promises (``docs/step-budget.md``). A later call (token
+    healing's plain pass, the rerun without drafts) gets what is left, in whole ms (a few
+    distinct budgets: the step budget derives and keeps one plan per budget), and never less
+    than one step's share of the budget (budget / ``maxSteps``): below that the plan gives
+    the fewest steps anyway and says it is over budget. The rerun without drafts is skipped
+    when less than that share is left (its first result stands: a rerun then would only
+    overshoot); token healing's plain pass is the answer itself and always runs. A backend
+    that keeps no budget (a remote endpoint) gets the request's own, or none, every call."""
 
     def __init__(self, completer: Completer, ask: CompletionAsk) -> None:
         o = completer.options
@@ -470,17 +488,41 @@ class _Calls:
         self.ask = ask
         self.max_tokens = o.max_tokens
         self.steps = o.steps if ask.steps is None else ask.steps
-        self.budget_ms = o.latency_budget_ms if ask.budget_ms is None else ask.budget_ms
+        self.requested = o.latency_budget_ms if ask.budget_ms is None else ask.budget_ms
+        self.budget_ms = self.backend.budget_ms(self.requested)  # the request's, in force
+        self.floor_ms = None if self.budget_ms is None else self.budget_ms / o.max_steps
+        self.start = time.monotonic()
         self.count = 0
         self.decision: StepDecision | None = None
+
+    def left_ms(self) -> float | None:
+        """What is left of the request's budget (None: no budget kept)."""
+        if self.budget_ms is None:
+            return None
+        return self.budget_ms - (time.monotonic() - self.start) * 1000.0
+
+    def call_budget(self) -> float | None:
+        """The budget of the next model call (class doc)."""
+        left = self.left_ms()
+        if left is None or self.floor_ms is None:
+            return self.requested
+        if self.count == 0:
+            return self.budget_ms
+        return max(self.floor_ms, float(math.floor(left)))
+
+    def spent(self) -> bool:
+        """Less than one step's share of the budget is left (class doc)."""
+        left = self.left_ms()
+        return left is not None and self.floor_ms is not None and left < self.floor_ms
 
     def infill(self, ctx: FimContext, drafts: Sequence[str] = ()) -> list[Candidate]:
         ask = self.ask
         if ask.cancel is not None and ask.cancel():
             raise Cancelled("cancelled before the model ran")
+        budget = self.call_budget()
         self.count += 1
         got = self.backend.infill(ctx, InfillAsk(
-            n=max(ask.n, 1), max_tokens=self.max_tokens, steps=self.steps, budget_ms=self.budget_ms,
+            n=max(ask.n, 1), max_tokens=self.max_tokens, steps=self.steps, budget_ms=budget,
             temperature=ask.temperature, seed=ask.seed, drafts=tuple(drafts), cancel=ask.cancel))
         self.decision = got.decision
         return list(got.candidates)
@@ -488,7 +530,7 @@ class _Calls:
     def result(self, sugg: list[Suggestion], ctx: FimContext, cands: list[Candidate],
                drafts: Sequence[Draft]) -> CompletionResult:
         return CompletionResult(sugg, ctx, cands, list(drafts), self.decision, self.count,
-                                self.backend.budget_ms(self.budget_ms), self.steps)
+                                self.budget_ms, self.steps)
 
 
 def options_from_kwargs(**opts: object) -> CompletionOptions:

@@ -192,6 +192,62 @@ def test_a_verified_draft_that_post_processing_drops_runs_the_model_again():
     assert [s.text for s in res.suggestions] == ["gamma)"]
 
 
+# -- one budget per editor request ------------------------------------------------------------
+
+
+class _Clocked(_ScriptedBackend):
+    """Answers from a script, taking ``ms`` per call; keeps a 200 ms budget by default and
+    records the budget each call was given."""
+
+    def __init__(self, *answers, ms: float):
+        super().__init__(*answers)
+        self.ms = ms
+
+    def budget_ms(self, requested=None):
+        return 200.0 if requested is None else requested
+
+    def infill(self, ctx, ask):
+        import time
+
+        time.sleep(self.ms / 1000.0)
+        return super().infill(ctx, ask)
+
+
+def test_a_later_model_call_gets_what_is_left_of_the_budget():
+    from diffill.lsp_server.completer import Completer
+
+    text = "x = myna\n"  # token healing finds nothing: a second, plain call
+    b = _Clocked(["foo"], ["me = 1"], ms=50.0)
+    res = Completer(b).run(text, 8)
+    first, second = (a.budget_ms for a in b.asks)
+    assert first == 200.0 and second <= 150.0  # the request's budget, not each call's
+    assert second == int(second)  # whole ms: few distinct budgets for the step plan
+    assert res.model_calls == 2 and res.budget_ms == 200.0 and res.suggestions[0].text == "me = 1"
+    slow = _Clocked(["foo"], ["me = 1"], ms=250.0)  # the first call spent it all
+    Completer(slow).run(text, 8)
+    assert [a.budget_ms for a in slow.asks] == [200.0, 200.0 / 16]  # one step's share at least
+
+
+def test_a_spent_budget_skips_the_rerun_without_drafts():
+    from diffill.lsp_server.backends import Candidate, InfillResult
+    from diffill.lsp_server.completer import Completer, CompletionAsk
+
+    class Mangles(_Clocked):  # "verifies" a draft but its text comes back empty
+        def infill(self, ctx, ask):
+            super().infill(ctx, ask)
+            if ask.drafts:
+                return InfillResult([Candidate(text="", score=0.0, steps=1, draft=0, verified=True)])
+            return InfillResult([Candidate(text="gamma)", score=-1.0, steps=4)])
+
+    text = "total = compute(alpha, beta)\nx = 1\ntotal = compute(\n"
+    for budget, calls in ((20.0, 1), (5000.0, 2)):
+        b = Mangles([""], [""], ms=30.0)
+        res = Completer(b).run(text, text.rindex("(") + 1, CompletionAsk(budget_ms=budget))
+        assert [bool(a.drafts) for a in b.asks] == [True, False][:calls]
+        assert res.model_calls == calls and res.budget_ms == budget
+    assert [s.text for s in res.suggestions] == ["gamma)"]  # with the budget left: the rerun's
+
+
 # -- drafts at another depth ------------------------------------------------------------------
 
 DEPTHS = """def a():
