@@ -399,6 +399,12 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"{title}: p50 {s['e2e_p50_ms']:.2f} ms, p95 {s['e2e_p95_ms']:.2f} ms, "
                          f"server overhead p50 {s.get('overhead_p50_ms', float('nan')):.2f} ms "
                          f"({s['n']} requests)")
+            for what, r in (("", s), (" after a half-typed new name", s.get("typed"))):
+                if r and r.get("budget_ms") and r.get("n"):
+                    lines.append(
+                        f"{title}{what}: p50 {r['e2e_p50_ms']:.2f} ms, model calls per request "
+                        f"mean {r['model_calls_mean']:.2f} max {r['model_calls_max']}, p95 / budget "
+                        f"{r['e2e_p95_ms']:.0f} / {r['budget_ms']:g} ms = {r['p95_over_budget']:.2f}")
     fs = result.get("first_suggestion")
     if fs:
         c, s = fs["complete"], fs["serve"]
