@@ -45,7 +45,7 @@ from ..model.config import ModelConfig
 from ..model.decoder.canvas import build_canvas, initial_state
 from ..model.decoder.spec import SamplerConfig, SpecialIds, StepSpec
 from ..model.decoder.step import denoise_step
-from ..model.engine import Engine, EngineOptions
+from ..model.engine import Engine, EngineAsk, EngineOptions
 from ..model.loader import LoadedModel, default_model_path, load_model
 from ..model.plan import synthetic_request, time_ms
 from ..model.quant import quantize_model
@@ -301,7 +301,7 @@ def run_bench(bm: BenchModel, opts: BenchOptions,
 
                         def fn(eng=engines[r], steps=steps, prefix=prefix, suffix=suffix,
                                lengths=lengths) -> None:
-                            eng.infill(prefix, suffix, lengths=lengths, steps=steps)
+                            eng.infill(EngineAsk(prefix, suffix, lengths=lengths, steps=steps))
 
                         ms = timed(fn, dev, opts.repeats, max(1, opts.warmup))
                         row = {"ctx": ctx, "hole": hole, "steps": steps, "refresh": r,
@@ -394,6 +394,12 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"{title}: p50 {s['e2e_p50_ms']:.2f} ms, p95 {s['e2e_p95_ms']:.2f} ms, "
                          f"server overhead p50 {s.get('overhead_p50_ms', float('nan')):.2f} ms "
                          f"({s['n']} requests)")
+            for what, r in (("", s), (" after a half-typed new name", s.get("typed"))):
+                if r and r.get("budget_ms") and r.get("n"):
+                    lines.append(
+                        f"{title}{what}: p50 {r['e2e_p50_ms']:.2f} ms, model calls per request "
+                        f"mean {r['model_calls_mean']:.2f} max {r['model_calls_max']}, p95 / budget "
+                        f"{r['e2e_p95_ms']:.0f} / {r['budget_ms']:g} ms = {r['p95_over_budget']:.2f}")
     fs = result.get("first_suggestion")
     if fs:
         c, s = fs["complete"], fs["serve"]
@@ -462,7 +468,7 @@ def profile_infill(bm: BenchModel, opts: BenchOptions, path: str | Path, *,
     lengths = _lengths(hole, opts.candidates)
 
     def once() -> None:
-        eng.infill(prefix, suffix, lengths=lengths, steps=steps)
+        eng.infill(EngineAsk(prefix, suffix, lengths=lengths, steps=steps))
 
     once()
     _sync(bm.device)

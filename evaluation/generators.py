@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..lsp_server.backend.backends import load_local_backend
-from ..lsp_server.completion.completer import Completer, options_from_kwargs
+from ..lsp_server.completion.completer import Completer, CompletionAsk, options_from_kwargs
 from ..lsp_server.text.context import Snippet
 from ..model.limits import DEFAULT_MAX_STEPS
 from .baseline import analogy_completion
@@ -139,20 +139,18 @@ class CompleterGenerator:
         k = min(self.keystroke, offset)
         if k > 0:
             path = path or "task.py"
-            c.run(text[:offset - k] + text[offset:], offset - k, n=1, multiline=multiline,
+            c.run(text[:offset - k] + text[offset:], offset - k, CompletionAsk(multiline=multiline),
                   language=self.language, path=path, snippets=snippets, workspace=workspace)
-        calls = getattr(self.backend, "model_calls", None)
-        res = c.run(text, offset, n=1, multiline=multiline, language=self.language, path=path,
-                    snippets=snippets, workspace=workspace)
+        res = c.run(text, offset, CompletionAsk(multiline=multiline), language=self.language,
+                    path=path, snippets=snippets, workspace=workspace)
         top = res.suggestions[0] if res.suggestions else None
         info: dict[str, Any] = {
             "steps": max((x.steps for x in res.candidates), default=0),
             "drafts": [d.source for d in res.drafts],
             "draft_verified": bool(top is not None and top.verified),
             "source": top.source if top is not None else None,
+            "model_calls": res.model_calls,
         }
-        if calls is not None:
-            info["model_calls"] = self.backend.model_calls - calls
         return Generated(top.text if top is not None else "", info)
 
     def describe(self) -> dict[str, Any]:

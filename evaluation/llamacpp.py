@@ -23,7 +23,7 @@ process (so each has its own threads and its peak RSS is its own):
     one at a time, and each keystroke asks for a completion. llama.cpp keeps the KV of the
     longest common token prefix with its previous call (``Llama.generate``; the tokens it
     evaluated are read back from its own perf counters); diffill passes the document to
-    ``Engine.infill(context_key=...)``, whose context the engine keeps across keystrokes
+    ``Engine.infill(EngineAsk(..., context_key=...))``, whose context the engine keeps across keystrokes
     (on a CPU, unless ``DIFFILL_REUSE=off``; reported).
 (d), (e) ``serve``: the cold request and the keystrokes again through a fresh
     ``diffill serve`` per repeat (LSP over stdio, ``didChange`` per typed character; its
@@ -275,7 +275,7 @@ class DiffillSide:
                  refresh: int = 1) -> None:
         from ..model import load_model  # the model (torch): in the diffill worker only
         from ..model.decoder.spec import SamplerConfig  # (same)
-        from ..model.engine import Engine, EngineOptions  # (same)
+        from ..model.engine import Engine, EngineAsk, EngineOptions  # (same)
         from ..model.runtime import configure_cpu_threads  # (same)
 
         configure_cpu_threads(threads, "cpu")
@@ -286,7 +286,8 @@ class DiffillSide:
         self.engine = Engine(self.lm, sc, options=opts)
         # random weights: draft_ratio 0 verifies the (right) draft, as a trained model would
         self.draft_engine = Engine(self.lm, dataclasses.replace(sc, draft_ratio=0.0), options=opts)
-        self.reuse = reuse_keyword(Engine.infill)
+        self.ask = EngineAsk
+        self.reuse = reuse_keyword(EngineAsk)
 
     def info(self) -> dict[str, Any]:
         import torch  # the diffill worker's, already loaded
@@ -315,7 +316,7 @@ class DiffillSide:
             kw[self.reuse] = doc
         eng = self.draft_engine if draft else self.engine
         t0 = time.perf_counter()
-        res = eng.infill(pre, suf, lengths=(self.hole,), steps=self.steps, **kw)
+        res = eng.infill(self.ask(pre, suf, lengths=(self.hole,), steps=self.steps, **kw))
         ms = (time.perf_counter() - t0) * 1e3
         best = res[0] if res else None
         return {"ms": ms, "prompt_tokens": len(pre) + len(suf),
@@ -324,7 +325,7 @@ class DiffillSide:
 
 
 def reuse_keyword(fn: Callable[..., Any]) -> str | None:
-    """The keyword of ``fn`` (``Engine.infill``) that names a document whose context is
+    """The keyword of ``fn`` (``EngineAsk``) that names a document whose context is
     kept between requests, if it has one (:data:`REUSE_KEYWORDS`)."""
     params = inspect.signature(fn).parameters
     return next((k for k in REUSE_KEYWORDS if k in params), None)
@@ -508,7 +509,7 @@ def format_table(res: dict[str, Any]) -> str:
     if not res["reuse"]:
         reuse = "no per-document context reuse in the engine: each keystroke from scratch"
     else:
-        reuse = (f"keystrokes pass Engine.infill({res['reuse']}=doc), reuse "
+        reuse = (f"keystrokes pass EngineAsk({res['reuse']}=doc), reuse "
                  f"{'on' if d.get('reuse_on') else 'off'}: contexts reused "
                  f"{st.get('context_reused', '?')}, computed {st.get('context_computed', '?')} "
                  "(warm-up included)")

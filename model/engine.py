@@ -120,6 +120,7 @@ from .plan import (
     HOLE_BUCKETS,
     NoBucketFits,
     StepBudget,
+    StepDecision,
     StepPlan,
     bucket,
     measure_plan,
@@ -223,6 +224,48 @@ class EngineOptions:
         if self.select_impl not in (None, "auto", "triton", "torch"):
             raise ValueError(f"EngineOptions.select_impl must be None, 'auto', 'triton' or 'torch', "
                              f"got {self.select_impl!r}")
+
+
+@dataclass(frozen=True)
+class EngineAsk:
+    """One infill request in token ids, as :meth:`Engine.infill` takes it (the language
+    server's :class:`~diffill.lsp_server.backend.backend_api.InfillAsk` once tokenized).
+
+    ``lengths`` (candidate hole lengths) overrides the ones derived from ``max_tokens`` and
+    ``candidates`` (:func:`default_lengths`); ``steps`` overrides the step plan's choice for
+    ``budget_ms`` (None: the engine's budget, :class:`~.plan.StepBudget`); ``temperature`` /
+    ``seed`` override the sampler's; ``drafts``: candidate middles to verify;
+    ``context_key`` names the document, whose kept context the request may start from
+    (:attr:`Engine.reuse_context`); ``cancel`` is checked between steps."""
+
+    prefix_ids: Sequence[int]
+    suffix_ids: Sequence[int]
+    max_tokens: int = 32
+    lengths: tuple[int, ...] | None = None
+    candidates: int = 1
+    steps: int | None = None
+    budget_ms: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    cancel: Callable[[], bool] | None = None
+    drafts: Sequence[Sequence[int]] = ()
+    context_key: str | None = None
+
+
+@dataclass(frozen=True)
+class InfillOutcome(Sequence[Infill]):
+    """:meth:`Engine.infill`'s answer: the candidates, best first, and the step decision
+    they were made under (:meth:`~.plan.StepBudget.decide`). It reads as the sequence of its
+    candidates, for the callers that want only those."""
+
+    candidates: list[Infill]
+    decision: StepDecision
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.candidates[i]
+
+    def __len__(self) -> int:
+        return len(self.candidates)
 
 
 @dataclass
@@ -378,8 +421,8 @@ class Engine:
         """A one-shot caller's warm-up (``diffill complete``): one refinement step of this
         request, timed (first-call costs included: pessimistic), and the step plan made from
         that one shape (:func:`~diffill.model.plan.plan_from_one_request`). Milliseconds."""
-        req = self.make_request(prefix_ids, suffix_ids, max_tokens=max_tokens,
-                                candidates=candidates, steps=1)
+        req = self.make_request(EngineAsk(prefix_ids, suffix_ids, max_tokens=max_tokens,
+                                          candidates=candidates, steps=1))
         t0 = time.perf_counter()
         self.submit(req)
         ms = (time.perf_counter() - t0) * 1000.0
@@ -403,40 +446,29 @@ class Engine:
             return None
 
     # -- requests ------------------------------------------------------------------------
-    def make_request(
-        self,
-        prefix_ids: list[int],
-        suffix_ids: list[int],
-        *,
-        max_tokens: int = 32,
-        lengths: tuple[int, ...] | None = None,
-        candidates: int = 1,
-        steps: int | None = None,
-        budget_ms: float | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        cancel: Callable[[], bool] | None = None,
-        drafts: Sequence[Sequence[int]] = (),
-        context_key: str | None = None,
-    ) -> InfillRequest:
-        """Validate and resolve defaults; raises ValueError for a bad request.
+    def make_request(self, ask: EngineAsk) -> InfillRequest:
+        """The sampler's request for ``ask`` (:meth:`plan_request` without its decision)."""
+        return self.plan_request(ask)[0]
 
-        Hole lengths: ``lengths``, else :func:`default_lengths` of ``max_tokens`` and
-        ``candidates``. Steps: ``steps``, else the step plan's for the request's shapes, its
-        canvas rows (lengths + drafts kept) and ``budget_ms``
-        (:class:`~diffill.model.plan.StepBudget`), else the sampler's.
-        ``temperature`` / ``seed`` override the sampler's. ``drafts`` (token ids of candidate
-        middles to verify, :mod:`.decoder` *Drafts*): the first :data:`MAX_DRAFTS` distinct
-        ones that fit the longest hole with a slot to spare and hold no terminator, mask id or
-        id outside the vocabulary (:meth:`usable_drafts`); the others are left out (the request's ``drafts`` are the ones kept, in order).
-        The request ends after its verification step once ``candidates`` drafts are
-        verified (``InfillRequest.wanted``)."""
+    def plan_request(self, ask: EngineAsk) -> tuple[InfillRequest, StepDecision]:
+        """Validate ``ask`` and resolve its defaults; raises ValueError for a bad request.
+
+        Hole lengths: ``ask.lengths``, else :func:`default_lengths` of ``max_tokens`` and
+        ``candidates``. Steps: :meth:`~.plan.StepBudget.decide` (``steps``, else the step
+        plan's for the request's shapes, its canvas rows -- lengths + drafts kept -- and
+        ``budget_ms``, else the sampler's). ``drafts`` (token ids of candidate middles to
+        verify, :mod:`.decoder` *Drafts*): the first :data:`MAX_DRAFTS` distinct ones that
+        fit the longest hole with a slot to spare and hold no terminator, mask id or id
+        outside the vocabulary (:meth:`usable_drafts`); the others are left out (the request's ``drafts`` are the ones kept, in order). The
+        request ends after its verification step once ``candidates`` drafts are verified
+        (``InfillRequest.wanted``)."""
         lens = (
-            tuple(candidate_lengths(lengths))
-            if lengths is not None
-            else default_lengths(max_tokens, candidates)
+            tuple(candidate_lengths(ask.lengths))
+            if ask.lengths is not None
+            else default_lengths(ask.max_tokens, ask.candidates)
         )
         cfg = self.config
+        prefix_ids, suffix_ids = list(ask.prefix_ids), list(ask.suffix_ids)
         total = canvas_length(cfg, len(prefix_ids), len(suffix_ids), max(lens))
         if total > cfg.max_position_embeddings:
             raise ValueError(
@@ -445,27 +477,26 @@ class Engine:
                 "trim the context"
             )
         changes: dict[str, Any] = {"lengths": lens}
-        if temperature is not None:
-            changes["temperature"] = float(temperature)
-        if seed is not None:
-            changes["seed"] = seed
-        kept = self.usable_drafts(drafts, max(lens))
-        if steps is None:
-            kept = self.affordable_drafts(kept, total - max(lens), max(lens), len(lens), budget_ms)
-        planned = None if steps is not None else self.budget.steps_for(
-            total - max(lens), max(lens), budget_ms, rows=len(lens) + len(kept),
-            whole_canvases=length_control_ids(cfg) is not None)  # DreamOn: no cache, no sharing
-        if steps is not None:
-            changes["steps"] = int(steps)
-        elif planned is not None:
-            changes["steps"], threshold = planned
-            if self.sampler.threshold is None:
-                changes["threshold"] = threshold
+        if ask.temperature is not None:
+            changes["temperature"] = float(ask.temperature)
+        if ask.seed is not None:
+            changes["seed"] = ask.seed
+        ctx = total - max(lens)
+        kept = self.usable_drafts(ask.drafts, max(lens))
+        if ask.steps is None:
+            kept = self.affordable_drafts(kept, ctx, max(lens), len(lens), ask.budget_ms)
+        decision = self.budget.decide(ctx, max(lens), len(lens) + len(kept), budget_ms=ask.budget_ms,
+                                      steps=ask.steps, default_steps=self.sampler.steps,
+                                      whole_canvases=length_control_ids(cfg) is not None)
+        if decision.source != "default":
+            changes["steps"] = decision.steps
+        if decision.source == "plan" and self.sampler.threshold is None:
+            changes["threshold"] = decision.threshold
         sc = dataclasses.replace(self.sampler, **changes)
-        req = InfillRequest(list(prefix_ids), list(suffix_ids), sc, cancel, kept,
-                            max(1, candidates), context_key)
+        req = InfillRequest(prefix_ids, suffix_ids, sc, ask.cancel, kept,
+                            max(1, ask.candidates), ask.context_key)
         check_request(cfg, req)
-        return req
+        return req, decision
 
     def affordable_drafts(self, drafts: tuple[tuple[int, ...], ...], ctx: int, hole: int,
                           candidates: int, budget_ms: float | None = None,
@@ -496,47 +527,23 @@ class Engine:
                 break
         return tuple(kept)
 
-    def infill(
-        self,
-        prefix_ids: list[int],
-        suffix_ids: list[int],
-        *,
-        max_tokens: int = 32,
-        lengths: tuple[int, ...] | None = None,
-        candidates: int = 1,
-        steps: int | None = None,
-        budget_ms: float | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        cancel: Callable[[], bool] | None = None,
-        drafts: Sequence[Sequence[int]] = (),
-        context_key: str | None = None,
-    ) -> list[Infill]:
-        """Fill the hole; candidates best first (see :mod:`diffill.model.decoder`).
-        ``drafts``: candidate middles to verify (:meth:`make_request`); a candidate's
-        ``draft`` indexes ``drafts`` (as given).
-
-        ``lengths`` (candidate hole lengths) overrides the ones derived from
-        ``max_tokens`` and ``candidates``; ``steps`` overrides the step plan's choice for
-        ``budget_ms`` (and the sampler's default). ``context_key`` names the document, whose
-        kept context the request may start from (:attr:`reuse_context`). See :meth:`make_request`.
+    def infill(self, ask: EngineAsk) -> InfillOutcome:
+        """Fill the hole; candidates best first (see :mod:`diffill.model.decoder`), with the
+        step decision they ran under. A candidate's ``draft`` indexes ``ask.drafts`` (as
+        given). See :meth:`plan_request`.
 
         Raises ValueError (bad request, canvas too long) or
         :class:`~diffill.model.decoder.spec.InfillCancelled`.
         """
-        req = self.make_request(
-            prefix_ids, suffix_ids, max_tokens=max_tokens, lengths=lengths, candidates=candidates,
-            steps=steps, budget_ms=budget_ms, temperature=temperature, seed=seed, cancel=cancel,
-            drafts=drafts, context_key=context_key,
-        )
+        req, decision = self.plan_request(ask)
         res = self.submit(req)
         if req.drafts:  # index the drafts as given
             given: dict[tuple[int, ...], int] = {}
-            for i, d in enumerate(drafts):
+            for i, d in enumerate(ask.drafts):
                 given.setdefault(tuple(int(t) for t in d), i)
             res = [r if r.draft is None else dataclasses.replace(r, draft=given[req.drafts[r.draft]])
                    for r in res]
-        return res
+        return InfillOutcome(res, decision)
 
     def submit(self, req: InfillRequest) -> list[Infill]:
         with self._stats_lock:

@@ -557,6 +557,30 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
     )
 
 
+class StepDecision(msgspec.Struct, frozen=True):
+    """What :meth:`StepBudget.decide` chose for one request, carried back with its result
+    so that reports read it instead of deciding again. ``source``: ``"request"`` (the
+    request named its steps), ``"plan"`` (the plan's choice for its shapes, rows and
+    budget) or ``"default"`` (no plan: the sampler's steps). ``budget_ms``: the budget the
+    choice was made for (None when the request named its steps); ``bucket`` (ctx, hole),
+    ``predicted_ms`` and ``over_budget``: the plan's, where a plan chose."""
+
+    steps: int
+    source: str
+    max_steps: int
+    budget_ms: float | None = None
+    threshold: float | None = None
+    rows: int = 0
+    bucket: tuple[int, int] | None = None
+    predicted_ms: float | None = None
+    over_budget: bool = False
+
+    @property
+    def planned(self) -> bool:
+        """The budget chose the steps (the plan's, or the sampler's without a plan)."""
+        return self.source != "request"
+
+
 class StepBudget:
     """The one owner of budget -> steps (module doc), one per engine: the budget it was
     built with (None: the device's default), the bounds of a planned step count, and the
@@ -617,6 +641,24 @@ class StepBudget:
         plan = self.plan_for(self.budget_ms(budget_ms))
         return None if plan is None else plan.steps_for(ctx_len, hole_len, rows,
                                                         whole_canvases=whole_canvases)
+
+    def decide(self, ctx_len: int, hole_len: int, rows: int, *, budget_ms: float | None = None,
+               steps: int | None = None, default_steps: int = 8,
+               whole_canvases: bool = False) -> StepDecision:
+        """The steps of one request: ``steps`` when it names them, else the plan's choice for
+        its shapes, canvas ``rows`` and budget (``budget_ms``, else the one in force), else
+        (no plan) ``default_steps``. ``whole_canvases``: the request's decoder runs every row's
+        whole canvas at every step (DreamOn: :meth:`StepPlan.whole_canvas_choice`)."""
+        if steps is not None:
+            return StepDecision(int(steps), "request", self.max_steps, rows=rows)
+        budget = self.budget_ms(budget_ms)
+        plan = self.plan_for(budget)
+        if plan is None:
+            return StepDecision(default_steps, "default", self.max_steps, budget, rows=rows)
+        c = (plan.whole_canvas_choice(ctx_len, hole_len, rows) if whole_canvases
+             else plan.choice(ctx_len, hole_len, rows))
+        return StepDecision(c.steps, "plan", self.max_steps, budget, c.threshold, rows,
+                            (c.ctx, c.hole), c.predicted_ms, c.over_budget)
 
     def summary(self) -> dict[str, Any]:
         """For status reports: the budget, and what the plan was built from."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
 from ...model.decoder.spec import SamplerConfig
-from ...model.engine import Engine, EngineOptions
+from ...model.engine import Engine, EngineAsk, EngineOptions
 from ...model.loader import DTYPES
 from ...model.plan import StepBudget, describe_plan, measure_plan
 from ...model.runtime import resolve_device
@@ -287,12 +287,51 @@ def _bench_document(n: int) -> str:
     return "import os\nimport sys\n\n\n" + "\n\n".join(funcs)
 
 
+def _typed_document(n: int) -> tuple[str, list[tuple[int, int]]]:
+    """:func:`first_document` with a new name typed at each cut line's end (``wq0x``, ...),
+    and the (row, col) after it: a half-typed word that token healing backs off over and the
+    model cannot reproduce, so each request makes a second, plain model call (issue 24)."""
+    text, targets = first_document(n)
+    lines = text.split("\n")
+    for i, (row, _) in enumerate(targets):
+        lines[row] += f"wq{i}x"
+    return "\n".join(lines), [(row, len(lines[row])) for row, _ in targets]
+
+
+def _timed_completions(client: StdioClient, uri: str, targets: list[tuple[int, int]],
+                       ) -> tuple[list[float], list[int], dict[str, Any]]:
+    """Each completion's e2e ms and the model calls it made (``diffill/status``'s
+    ``model_calls`` read after it, outside its time), and the last status."""
+    e2e: list[float] = []
+    calls: list[int] = []
+    status = client.request("diffill/status", None) or {}
+    for row, col in targets:
+        before = status.get("model_calls") or 0
+        t = time.perf_counter()
+        client.request("textDocument/completion", {"textDocument": {"uri": uri},
+                                                   "position": {"line": row, "character": col}})
+        e2e.append((time.perf_counter() - t) * 1e3)
+        status = client.request("diffill/status", None) or {}
+        calls.append((status.get("model_calls") or 0) - before)
+    return e2e, calls, status
+
+
+def _calls_and_budget(e2e: list[float], calls: list[int], budget: float) -> dict[str, Any]:
+    return {"model_calls_mean": round(statistics.fmean(calls), 3) if calls else None,
+            "model_calls_max": max(calls, default=None), "budget_ms": budget,
+            "p95_over_budget": round(percentile(e2e, 95) / budget, 3) if e2e else None}
+
+
 def bench_lsp(model: str, n: int, *, device: str = "cpu", log=print,
               load_timeout: float = 600.0) -> dict[str, Any]:
     """Spawn ``diffill serve`` on stdio, open a document and time ``n`` completion
     requests (each at a different line, so the typed-ahead cache cannot answer).
     Returns e2e p50/p95 and the server overhead (e2e p50 minus the server's own
-    model-time p50 from ``diffill/status``)."""
+    model-time p50 from ``diffill/status``), the model calls each request made (mean, max)
+    and p95 over the latency budget the server's requests had (its ``latencyBudgetMs``, else
+    the device's default: :class:`~diffill.model.plan.StepBudget`). Then ``n`` requests
+    after a half-typed new name (:func:`_typed_document`: two model calls each), reported
+    under ``typed``."""
     argv = [sys.executable, "-m", "diffill.cli", "serve", "--model", model,
             "--device", device]
     client = StdioClient(argv, env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -309,22 +348,27 @@ def bench_lsp(model: str, n: int, *, device: str = "cpu", log=print,
         # the cursor after "total += " in each function: a mid-line hole
         targets = [(i, ln.index("+= ") + 3) for i, ln in enumerate(lines) if "total += " in ln]
         targets = (targets * (n // max(1, len(targets)) + 1))[:n]
-        e2e: list[float] = []
-        for row, col in targets:
-            t = time.perf_counter()
-            client.request("textDocument/completion", {"textDocument": {"uri": uri},
-                                                       "position": {"line": row, "character": col}})
-            e2e.append((time.perf_counter() - t) * 1e3)
-        status = client.request("diffill/status", None) or {}
+        e2e, calls, status = _timed_completions(client, uri, targets)
+        typed_text, typed_targets = _typed_document(max(n, 1))
+        typed_uri = "file:///bench/typed.py"
+        client.notify("textDocument/didOpen", {"textDocument": {
+            "uri": typed_uri, "languageId": "python", "version": 1, "text": typed_text}})
+        typed, typed_calls, _ = _timed_completions(client, typed_uri, typed_targets[:n])
     finally:
         client.close()
     p50 = percentile(e2e, 50)
     model_p50 = status.get("model_p50_ms")
+    budget = StepBudget(device.split(":")[0],
+                        (status.get("options") or {}).get("latencyBudgetMs")).budget_ms()
     return {"n": len(e2e), "e2e_p50_ms": round(p50, 3), "e2e_p95_ms": round(percentile(e2e, 95), 3),
             "e2e_mean_ms": round(statistics.fmean(e2e), 3), "server_model_p50_ms": model_p50,
             "server_p50_ms": status.get("p50_ms"),
             "overhead_p50_ms": None if model_p50 is None else round(p50 - model_p50, 3),
-            "cache_hits": status.get("cache_hits", 0), "model_requests": status.get("model_requests")}
+            "cache_hits": status.get("cache_hits", 0), "model_requests": status.get("model_requests"),
+            **_calls_and_budget(e2e, calls, budget),
+            "typed": {"n": len(typed), "e2e_p50_ms": percentile(typed, 50),
+                      "e2e_p95_ms": percentile(typed, 95),
+                      **_calls_and_budget(typed, typed_calls, budget)}}
 
 
 # -- time to the first suggestion -------------------------------------------------------------------
@@ -534,7 +578,7 @@ def cache_quality(lm: Any, n: int, *, refresh: list[int], heldout: str | None = 
         t0 = time.perf_counter()
         mids = []
         for i, (pre, suf, target) in enumerate(reqs):
-            res = eng.infill(pre, suf, max_tokens=max_tokens)
+            res = eng.infill(EngineAsk(pre, suf, max_tokens=max_tokens))
             ids = res[0].ids if res else []
             mids.append(ids)
             em += tok.decode(ids).strip() == target.strip()

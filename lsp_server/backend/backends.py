@@ -3,7 +3,7 @@ candidate middles (text). The language server and the CLI only see this protocol
 
 * :class:`LocalBackend` -- the resident model in this process
   (:class:`diffill.model.engine.Engine`), token ids straight from the context. The
-  engine decides the steps: a request's ``latency_budget_ms`` goes to its step budget
+  engine decides the steps: a request's ``InfillAsk.budget_ms`` goes to its step budget
   (:mod:`diffill.model.plan`), which :meth:`LocalBackend.warmup` measures once.
 * a remote backend (``backend="openai"``: an OpenAI-compatible ``/v1/completions``
   endpoint with ``prompt`` + ``suffix``) implements the same protocol: it sends
@@ -33,17 +33,25 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...model.limits import DEFAULT_MAX_STEPS
 from ..text.context import FimContext
-from .backend_api import Backend, BackendError, CancelFn, Cancelled, Candidate
+from .backend_api import (
+    Backend,
+    BackendError,
+    CancelFn,
+    Cancelled,
+    Candidate,
+    InfillAsk,
+    InfillResult,
+)
 from .remote import load_remote_backend
 
 if TYPE_CHECKING:  # the model side imports torch; only the types are needed here
     from ...model.config import ModelConfig
-    from ...model.decoder.spec import Infill
+    from ...model.engine import EngineAsk, InfillOutcome
 
 log = logging.getLogger("diffill.backends")
 
@@ -93,13 +101,9 @@ class InfillEngine(Protocol):
     @property
     def config(self) -> ModelConfig: ...
 
-    def infill(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int,
-               candidates: int = 1, steps: int | None = None, budget_ms: float | None = None,
-               temperature: float | None = None, seed: int | None = None,
-               cancel: CancelFn | None = None, drafts: Sequence[Sequence[int]] = (),
-               context_key: str | None = None) -> list[Infill]:
-        """Candidates best first (a candidate's ``draft`` indexes ``drafts``); raises
-        ``InfillCancelled`` or ``ValueError``."""
+    def infill(self, ask: EngineAsk) -> InfillOutcome:
+        """Candidates best first (a candidate's ``draft`` indexes ``ask.drafts``) and the step
+        decision; raises ``InfillCancelled`` or ``ValueError``."""
         ...
 
     def warmup(self) -> Any:
@@ -156,44 +160,35 @@ class LocalBackend:
             return None
         return max(0, int(limit) - max_tokens - 2)  # BOS + EOS around the canvas
 
-    def infill(
-        self,
-        ctx: FimContext,
-        *,
-        n: int,
-        max_tokens: int,
-        steps: int | None = None,
-        latency_budget_ms: float | None = None,
-        cancel: CancelFn | None = None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        drafts: Sequence[str] = (),
-    ) -> list[Candidate]:
+    def infill(self, ctx: FimContext, ask: InfillAsk) -> InfillResult:
         """See :class:`Backend`; ``temperature`` > 0 samples (``seed`` makes it repeatable).
-        The steps: ``steps``, else the engine's step plan for ``latency_budget_ms``.
+        The steps: ``ask.steps``, else the engine's step plan for ``ask.budget_ms``.
         ``drafts`` are tokenized here and verified by the engine in the same batch. The
         document's path is the engine's ``context_key`` (its context kept for the next request)."""
         from ...model.decoder.spec import InfillCancelled  # torch: loaded with the model
+        from ...model.engine import EngineAsk  # torch: as above
 
-        check = self._wrap_cancel(cancel)
+        check = self._wrap_cancel(ask.cancel)
         self.model_calls += 1
-        draft_ids = self.encode_batch(list(drafts)) if drafts else []
+        draft_ids = self.encode_batch(list(ask.drafts)) if ask.drafts else []
+        sampled = ask.temperature > 0
         try:
-            results = self.engine.infill(
-                ctx.prefix_ids, ctx.suffix_ids, max_tokens=max_tokens, candidates=n, steps=steps,
-                budget_ms=latency_budget_ms, temperature=float(temperature) if temperature > 0 else None,
-                seed=seed if temperature > 0 else None, cancel=check, drafts=draft_ids,
-                context_key=ctx.path)
+            out = self.engine.infill(EngineAsk(
+                ctx.prefix_ids, ctx.suffix_ids, max_tokens=ask.max_tokens, candidates=ask.n,
+                steps=ask.steps, budget_ms=ask.budget_ms,
+                temperature=float(ask.temperature) if sampled else None,
+                seed=ask.seed if sampled else None, cancel=check, drafts=draft_ids,
+                context_key=ctx.path))
         except InfillCancelled as e:
             raise Cancelled(str(e)) from None
         except ValueError as e:
             raise BackendError(str(e)) from None
         tok = self.engine.tokenizer
-        return [
+        return InfillResult([
             Candidate(text=tok.decode(r.ids), score=float(r.score), tokens=len(r.ids), steps=r.steps,
                       draft=r.draft, accepted=r.accepted, verified=r.verified)
-            for r in results
-        ]
+            for r in out.candidates
+        ], out.decision)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, **self.engine.describe(), "model_calls": self.model_calls}
@@ -250,14 +245,15 @@ class LocalBackend:
     def _tiny_request(self) -> tuple[float, int, int]:
         """One request of a few tokens, one row, one step, timed: (ms, step tokens, rows)."""
         from ...model.decoder.canvas import canvas_length  # torch: as above
-        from ...model.plan import step_tokens, synthetic_request  # torch: loaded with the model
+        from ...model.engine import EngineAsk  # torch: loaded with the model
+        from ...model.plan import step_tokens, synthetic_request  # torch: as above
 
         eng = self.engine
         prefix, suffix = synthetic_request(eng.config, TINY_CONTEXT)
         hole, rows = TINY_HOLE, 1  # one row: half the time of the default three (0.25 s, 0.5B)
         ctx = canvas_length(eng.config, len(prefix), len(suffix), hole) - hole
         t0 = time.perf_counter()
-        eng.infill(prefix, suffix, lengths=(hole,), steps=1)
+        eng.infill(EngineAsk(prefix, suffix, lengths=(hole,), steps=1))
         ms = (time.perf_counter() - t0) * 1000.0
         return ms, step_tokens(rows, ctx, hole, eng.shared_context), rows
 
@@ -351,7 +347,8 @@ def load_local_backend(
 ) -> LocalBackend:
     """Load a checkpoint (None = the shipped default model; a folder or the name of a
     pulled checkpoint) into a :class:`LocalBackend`. ``options`` (CompletionOptions)
-    supplies the engine's latency budget and the ``recipe`` override (``recipe`` given here
+    supplies the engine's default latency budget (what a request without one falls back to;
+    the completer passes each call its request's budget in the ask) and the ``recipe`` override (``recipe`` given here
     wins); ``max_steps`` bounds the steps its plan chooses."""
     from ...model import load_model  # torch: the server imports this module before `initialize`
     from ...model.engine import Engine, EngineOptions  # torch: as above
@@ -382,7 +379,9 @@ __all__ = [  # the protocol's names are re-exported: importers of the backends n
     "CancelFn",
     "Cancelled",
     "Candidate",
+    "InfillAsk",
     "InfillEngine",
+    "InfillResult",
     "LocalBackend",
     "load_local_backend",
 ]

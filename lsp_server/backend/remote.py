@@ -44,14 +44,13 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..text.context import FimContext
-from .backend_api import BackendError, CancelFn, Cancelled, Candidate
+from .backend_api import BackendError, CancelFn, Cancelled, Candidate, InfillAsk, InfillResult
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_KEY_ENV = "DIFFILL_API_KEY"
@@ -135,40 +134,34 @@ class RemoteBackend:
     def max_context_tokens(self, max_tokens: int) -> int | None:
         return None
 
-    def infill(
-        self,
-        ctx: FimContext,
-        *,
-        n: int,
-        max_tokens: int,
-        steps: int | None = None,
-        latency_budget_ms: float | None = None,
-        cancel: CancelFn | None = None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        drafts: Sequence[str] = (),  # an endpoint cannot verify them: ignored
-    ) -> list[Candidate]:
+    def infill(self, ctx: FimContext, ask: InfillAsk) -> InfillResult:
+        """See :class:`Backend`; ``ask.steps`` and ``ask.budget_ms`` are the endpoint's business
+        and ``ask.drafts`` are ignored (an endpoint cannot verify them)."""
         body: dict[str, Any] = {
             "prompt": ctx.prefix,
             "suffix": ctx.suffix,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "n": max(1, n),
+            "max_tokens": ask.max_tokens,
+            "temperature": ask.temperature,
+            "n": max(1, ask.n),
         }
         if self.settings.model:
             body["model"] = self.settings.model
-        if seed is not None:
-            body["seed"] = seed
+        if ask.seed is not None:
+            body["seed"] = ask.seed
         self.requests += 1
         t0 = time.perf_counter()
         try:
-            data = self._post_with_retries(json.dumps(body).encode("utf-8"), cancel)
+            data = self._post_with_retries(json.dumps(body).encode("utf-8"), ask.cancel)
         except BackendError as e:
             self.failures += 1
             self.last_error = str(e)
             raise
         self.last_latency_ms = (time.perf_counter() - t0) * 1000.0
-        return self._candidates(data)
+        return InfillResult(self._candidates(data))
+
+    def budget_ms(self, requested: float | None = None) -> float | None:
+        """The request's own budget: the endpoint keeps its own, unknown here."""
+        return requested
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -29,7 +29,7 @@ from pathlib import Path
 import msgspec
 
 from ..backend.backends import BackendError, LocalBackend, load_local_backend
-from ..completion.completer import Completer, options_from_kwargs
+from ..completion.completer import Completer, CompletionAsk, options_from_kwargs
 from ..completion.options import WIRE_NAMES, flag_errors
 from . import (
     add_device_option,
@@ -215,12 +215,11 @@ def run(args: argparse.Namespace) -> int:
     completer = Completer(backend, options)
     path = None if args.file == "-" else args.file
     language = args.language or ("python" if path is None else None)
-    budget_ms = backend.budget_ms(options.latency_budget_ms)
+    ask = CompletionAsk(n=args.n)
     try:
         warmup_ms = None if options.steps is not None else _warm_up_on(completer, text, offset, args.n, path)
-        calls0 = backend.model_calls
         t1 = time.perf_counter()
-        res = completer.run(text, offset, n=args.n, path=path, language=language)
+        res = completer.run(text, offset, ask, path=path, language=language)
         complete_ms = (time.perf_counter() - t1) * 1000.0
     except BackendError as e:
         print(f"diffill complete: {e}", file=sys.stderr)
@@ -228,10 +227,12 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - a crash must not exit 1 (= no suggestion)
         print(f"diffill complete: completion failed: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_COMPLETION_FAILED
-    calls = backend.model_calls - calls0
+    # the budget and who chose the steps, as the request's step decision says
+    budget_ms = res.budget_ms if res.budget_ms is not None else backend.budget_ms()
+    calls = res.model_calls
     steps = max((c.steps for c in res.candidates), default=0)
     note = None
-    if options.steps is None and complete_ms > budget_ms:
+    if res.planned and complete_ms > budget_ms:
         note = budget_note(complete_ms, budget_ms, calls=calls, warmup_ms=warmup_ms,
                            max_steps=options.max_steps)
     status = EXIT_OK if res.suggestions else EXIT_NO_SUGGESTION

@@ -5,6 +5,12 @@ HTTP server::
 
     completer = make_completer("path/to/checkpoint", device="cpu", max_tokens=32)
     [s.text for s in completer.complete(source, offset, n=3)]
+    completer.run(source, offset, CompletionAsk(n=3, temperature=0.5, seed=1)).suggestions
+
+A :class:`CompletionAsk` is one editor request at the text level, built once by its caller
+(the language server, the HTTP server, ``diffill complete``); the completer turns it into the
+backend's :class:`~.backend_api.InfillAsk` for each model call, and the step decision of the
+last call comes back on the :class:`CompletionResult`.
 
 A :class:`Suggestion` is what to insert at the cursor; ``replace_right`` > 0 means
 it also replaces that many characters right of the cursor on the cursor line
@@ -14,12 +20,14 @@ it also replaces that many characters right of the cursor on the cursor line
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..backend.backends import BACKENDS, Backend, CancelFn, Cancelled, Candidate
+from ..backend.backends import BACKENDS, Backend, CancelFn, Cancelled, Candidate, InfillAsk
 from ..drafting.drafts import propose
 from ..drafting.query import Draft, DraftQuery
 from ..text import languages, treesitter
@@ -28,6 +36,9 @@ from ..text.postprocess import AUTO_CLOSED, Processed, dedupe, postprocess
 from ..text.scope import NameCheck
 from ..text.syntax import SyntaxGuard
 from .options import WIRE_NAMES, CompletionOptions, merge_options
+
+if TYPE_CHECKING:  # the model side imports torch; only the type is needed here
+    from ...model.plan import StepDecision
 
 MODEL = "model"
 """``Suggestion.source`` of the model's own candidates."""
@@ -46,15 +57,44 @@ class Suggestion:
     verified: bool = False
 
 
+@dataclass(frozen=True)
+class CompletionAsk:
+    """One editor request, as its caller builds it once: ``n`` suggestions; ``multiline``
+    (None: the options' policy decides); ``steps`` (None: the options', else the backend's
+    budget decides); ``temperature`` > 0 samples (``seed`` makes it repeatable);
+    ``budget_ms``, the request's latency budget (None: the options' ``latencyBudgetMs``,
+    else the backend's default); ``cancel``, checked between refinement steps."""
+
+    n: int = 1
+    multiline: bool | None = None
+    steps: int | None = None
+    temperature: float = 0.0
+    seed: int | None = None
+    budget_ms: float | None = None
+    cancel: CancelFn | None = field(default=None, compare=False)
+
+
 @dataclass
 class CompletionResult:
     """Suggestions plus what produced them (for logs, status and the CLI's --json):
-    ``drafts`` are those sent to the model with the last model call."""
+    ``drafts`` are those sent to the model with the last model call, ``decision`` the step
+    decision of that call (None: no model call, or a backend that does not say),
+    ``model_calls`` how many calls the request made, ``budget_ms`` its latency budget in
+    force (None: the backend keeps none)."""
 
     suggestions: list[Suggestion]
     context: FimContext
     candidates: list[Candidate]
     drafts: list[Draft] = field(default_factory=list)
+    decision: StepDecision | None = None
+    model_calls: int = 0
+    budget_ms: float | None = None
+    steps_asked: int | None = None  # the steps the model calls were asked for (None: planned)
+
+    @property
+    def planned(self) -> bool:
+        """Whether the budget chose the steps (not the request or the options)."""
+        return self.decision.planned if self.decision is not None else self.steps_asked is None
 
 
 MAX_HEAL_CHARS = 32
@@ -267,24 +307,18 @@ class Completer:
         self,
         text: str,
         offset: int,
+        ask: CompletionAsk = CompletionAsk(),
         *,
-        n: int = 1,
-        multiline: bool | None = None,
-        cancel: CancelFn | None = None,
         language: str | None = None,
         path: str | None = None,
         snippets: Sequence[Snippet] = (),
-        steps: int | None = None,
-        backend_kwargs: dict[str, Any] | None = None,
         others: Sequence[str] = (),
         recalled: Sequence[str] = (),
         workspace: Sequence[str] = (),
         repo: str | None = None,
     ) -> CompletionResult:
-        """Like :meth:`complete`, also returning the context and raw candidates
-        (``steps`` overrides the option; ``backend_kwargs`` go to ``backend.infill``, e.g.
-        ``temperature``/``seed``).
-        Raises :class:`~diffill.lsp_server.backends.Cancelled`.
+        """Like :meth:`complete`, for the request ``ask``, also returning the context, the raw
+        candidates and the step decision. Raises :class:`~diffill.lsp_server.backend.backends.Cancelled`.
 
         Token healing (option ``token_healing``): with the cursor right after a partial
         word, the model first fills the hole from the word's start; candidates that
@@ -294,14 +328,19 @@ class Completer:
         Drafts (option ``drafts``): candidate middles from :func:`.drafts.propose` (this
         buffer, ``others`` -- the texts of the other open documents -- and ``recalled``,
         earlier suggestions for this document) go to the model with the request and are
-        verified in its first step (:mod:`diffill.model.sampler`, *Drafts*; ``workspace``:
+        verified in its first step (:mod:`diffill.model.decoder`, *Drafts*; ``workspace``:
         chunks of workspace files like the code here, searched after the buffer and the
         open documents); a draft that
         post-processing or the syntax guard would drop is not sent. When only verified
         drafts came back and none survives post-processing, the model runs again without
-        them."""
+        them, unless the request's budget is spent.
+
+        One latency budget for the whole request (not per model call): the first call gets
+        it whole, a later one what is left (:class:`_Calls`)."""
         o = self.options
-        n = max(n, 1)
+        n = max(ask.n, 1)
+        multiline = ask.multiline
+        calls = _Calls(self, ask)
         word = partial_word(text, offset) if o.token_healing else ""
         guard = SyntaxGuard(text, offset, language=language, path=path) if o.syntax_check else None
         drafts: list[Draft] | None = None if o.drafts else []
@@ -327,19 +366,18 @@ class Completer:
                                       suffix_end=hctx.suffix_end + len(word))
             ds = checked(ctx)
             cands, sugg = self._verified(
-                hctx, n, cancel, steps, backend_kwargs, [word + d.text for d in ds],
-                lambda raw: heal(raw, word),
+                hctx, calls, [word + d.text for d in ds], lambda raw: heal(raw, word),
                 lambda cs: finish(cs, ctx, policy=policy, multiline=multiline, n=n, guard=guard,
                                   drafts=ds))
             if sugg:
-                return CompletionResult(sugg, ctx, cands, list(ds))
+                return calls.result(sugg, ctx, cands, ds)
         ctx = self.build(text, offset, language=language, path=path, snippets=snippets, repo=repo)
         ds = checked(ctx)
         cands, sugg = self._verified(
-            ctx, n, cancel, steps, backend_kwargs, [d.text for d in ds], list,
+            ctx, calls, [d.text for d in ds], list,
             lambda cs: finish(cs, ctx, policy=policy, multiline=multiline, n=n, guard=guard,
                               drafts=ds))
-        return CompletionResult(sugg, ctx, cands, list(ds))
+        return calls.result(sugg, ctx, cands, ds)
 
     def drafts_for(self, text: str, offset: int, ctx: FimContext, *, multiline: bool | None,
                    guard: SyntaxGuard | None, others: Sequence[str] = (),
@@ -393,41 +431,21 @@ class Completer:
                 return got[0].text
         return None
 
-    def _verified(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None,
-                  backend_kwargs: dict[str, Any] | None, drafts: list[str],
+    def _verified(self, ctx: FimContext, calls: _Calls, drafts: list[str],
                   cut: Callable[[list[Candidate]], list[Candidate]],
                   show: Callable[[list[Candidate]], list[Suggestion]],
                   ) -> tuple[list[Candidate], list[Suggestion]]:
         """The model's candidates with ``drafts`` verified, ``cut`` (token healing's, or as
         they are), and the suggestions ``show`` makes of them; when all came back verified
         (the request finished at its first step) and none is shown, the model runs again
-        without drafts."""
-        raw = self._infill(ctx, n, cancel, steps, backend_kwargs, drafts)
+        without drafts, unless the request's budget is spent (:class:`_Calls`)."""
+        raw = calls.infill(ctx, drafts)
         cands = cut(raw)
         sugg = show(cands) if cands else []
-        if drafts and raw and all(c.verified for c in raw) and not sugg:
-            cands = cut(self._infill(ctx, n, cancel, steps, backend_kwargs))
+        if drafts and raw and all(c.verified for c in raw) and not sugg and not calls.spent():
+            cands = cut(calls.infill(ctx))
             sugg = show(cands) if cands else []
         return cands, sugg
-
-    def _infill(self, ctx: FimContext, n: int, cancel: CancelFn | None, steps: int | None = None,
-                backend_kwargs: dict[str, Any] | None = None,
-                drafts: Sequence[str] = ()) -> list[Candidate]:
-        if cancel is not None and cancel():
-            raise Cancelled("cancelled before the model ran")
-        o = self.options
-        extra = dict(backend_kwargs or {})
-        if drafts:
-            extra["drafts"] = list(drafts)
-        return list(self.backend.infill(
-            ctx,
-            n=n,
-            max_tokens=o.max_tokens,
-            steps=o.steps if steps is None else steps,
-            latency_budget_ms=o.latency_budget_ms,
-            cancel=cancel,
-            **extra,
-        ))
 
     def complete(
         self,
@@ -443,8 +461,77 @@ class Completer:
         """Suggestions for the hole at character ``offset`` of ``text``, best first
         (``language``: the LSP language id, e.g. ``python``; with ``path``, it decides the
         comment syntax and whether the syntax guard applies)."""
-        return self.run(text, offset, n=n, multiline=multiline, cancel=cancel, language=language,
-                        path=path).suggestions
+        return self.run(text, offset, CompletionAsk(n=n, multiline=multiline, cancel=cancel),
+                        language=language, path=path).suggestions
+
+
+class _Calls:
+    """The model calls of one :meth:`Completer.run`: each call's :class:`InfillAsk` made from
+    the request's :class:`CompletionAsk` and the options, the calls counted, the last step
+    decision kept -- and one latency budget for them all.
+
+    One budget per editor request: the budget in force (the ask's, else the options'
+    ``latencyBudgetMs``, else the backend's default: ``Backend.budget_ms``) is the request's,
+    not each call's. Its deadline starts with :meth:`Completer.run`. The first model call
+    gets the whole budget, so the usual request (one call) gets the same steps whatever the
+    machine's load, as the step plan promises (``docs/step-budget.md``). A later call (token
+    healing's plain pass, the rerun without drafts) gets what is left, in whole ms (a few
+    distinct budgets: the step budget derives and keeps one plan per budget), and never less
+    than one step's share of the budget (budget / ``maxSteps``): below that the plan gives
+    the fewest steps anyway and says it is over budget. The rerun without drafts is skipped
+    when less than that share is left (its first result stands: a rerun then would only
+    overshoot); token healing's plain pass is the answer itself and always runs. A backend
+    that keeps no budget (a remote endpoint) gets the request's own, or none, every call."""
+
+    def __init__(self, completer: Completer, ask: CompletionAsk) -> None:
+        o = completer.options
+        self.backend = completer.backend
+        self.ask = ask
+        self.max_tokens = o.max_tokens
+        self.steps = o.steps if ask.steps is None else ask.steps
+        self.requested = o.latency_budget_ms if ask.budget_ms is None else ask.budget_ms
+        self.budget_ms = self.backend.budget_ms(self.requested)  # the request's, in force
+        self.floor_ms = None if self.budget_ms is None else self.budget_ms / o.max_steps
+        self.start = time.monotonic()
+        self.count = 0
+        self.decision: StepDecision | None = None
+
+    def left_ms(self) -> float | None:
+        """What is left of the request's budget (None: no budget kept)."""
+        if self.budget_ms is None:
+            return None
+        return self.budget_ms - (time.monotonic() - self.start) * 1000.0
+
+    def call_budget(self) -> float | None:
+        """The budget of the next model call (class doc)."""
+        left = self.left_ms()
+        if left is None or self.floor_ms is None:
+            return self.requested
+        if self.count == 0:
+            return self.budget_ms
+        return max(self.floor_ms, float(math.floor(left)))
+
+    def spent(self) -> bool:
+        """Less than one step's share of the budget is left (class doc)."""
+        left = self.left_ms()
+        return left is not None and self.floor_ms is not None and left < self.floor_ms
+
+    def infill(self, ctx: FimContext, drafts: Sequence[str] = ()) -> list[Candidate]:
+        ask = self.ask
+        if ask.cancel is not None and ask.cancel():
+            raise Cancelled("cancelled before the model ran")
+        budget = self.call_budget()
+        self.count += 1
+        got = self.backend.infill(ctx, InfillAsk(
+            n=max(ask.n, 1), max_tokens=self.max_tokens, steps=self.steps, budget_ms=budget,
+            temperature=ask.temperature, seed=ask.seed, drafts=tuple(drafts), cancel=ask.cancel))
+        self.decision = got.decision
+        return list(got.candidates)
+
+    def result(self, sugg: list[Suggestion], ctx: FimContext, cands: list[Candidate],
+               drafts: Sequence[Draft]) -> CompletionResult:
+        return CompletionResult(sugg, ctx, cands, list(drafts), self.decision, self.count,
+                                self.budget_ms, self.steps)
 
 
 def options_from_kwargs(**opts: object) -> CompletionOptions:
@@ -473,6 +560,7 @@ def make_completer(model_path: str | None = None, device: str = "cpu", **opts: o
 
 
 __all__ = [
+    "CompletionAsk",
     "CompletionResult",
     "Completer",
     "Suggestion",

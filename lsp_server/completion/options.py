@@ -78,7 +78,7 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     earlier match of the text before and after it, in this buffer and the other open ones;
     the next line by analogy with a similar earlier line; an earlier suggestion) go into the
     model's batch and are checked in its first step; a verified one answers after that one
-    step (``lsp_server/drafts.py``, ``model/sampler.py``). Off: the model alone."""
+    step (``lsp_server/drafting/drafts.py``, ``model/decoder/``). Off: the model alone."""
     syntax_check: bool = True
     """Drop suggestions that add a syntax error where they land when the code there had none
     (opening a block at the end of a body is allowed): Python by ``ast``, the languages with a

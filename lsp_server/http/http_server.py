@@ -126,9 +126,10 @@ import msgspec
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from ..backend.backends import Backend, BackendError, Cancelled, Candidate
-from ..completion.completer import Completer
+from ..backend.backends import Backend, BackendError, Cancelled, Candidate, InfillAsk, InfillResult
+from ..completion.completer import Completer, CompletionAsk
 from ..completion.options import CompletionOptions
+from ..text.context import FimContext
 from ..text.fim_prompt import split_fim_prompt
 from .http_cost import Price, default_max_request_ms, price
 from .http_wire import (  # re-exported: the wire types live there
@@ -258,10 +259,10 @@ class _TimedBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
-    def infill(self, *args: Any, **kw: Any) -> list[Candidate]:
+    def infill(self, ctx: FimContext, ask: InfillAsk) -> InfillResult:
         t0 = time.perf_counter()
         try:
-            return self._backend.infill(*args, **kw)
+            return self._backend.infill(ctx, ask)
         finally:
             self.model_ms += (time.perf_counter() - t0) * 1000.0
 
@@ -418,22 +419,15 @@ class HttpFront:
             changes["drafts"] = False
         if fill.snippets:
             changes["extra_context"] = True
-        if fill.latency_budget_ms is not None:
-            changes["latency_budget_ms"] = fill.latency_budget_ms
         opts = msgspec.structs.replace(self.options, **changes)
-        extra: dict[str, Any] = ({"temperature": fill.temperature, "seed": fill.seed}
-                                 if fill.temperature > 0 else {})
+        sampled = fill.temperature > 0
+        ask = CompletionAsk(n=fill.n, steps=fill.steps, temperature=fill.temperature if sampled else 0.0,
+                            seed=fill.seed if sampled else None, budget_ms=fill.latency_budget_ms,
+                            cancel=job.cancel)
         timed = _TimedBackend(backend, fill.encode_batch)
         t0 = time.perf_counter()
-        res = Completer(timed, opts).run(
-            fill.prompt + fill.suffix,
-            len(fill.prompt),
-            n=fill.n,
-            cancel=job.cancel,
-            steps=fill.steps,
-            backend_kwargs=extra,
-            snippets=fill.snippets,
-        )
+        res = Completer(timed, opts).run(fill.prompt + fill.suffix, len(fill.prompt), ask,
+                                         snippets=fill.snippets)
         total_ms = (time.perf_counter() - t0) * 1000.0
         cands: list[Candidate] = res.candidates
         raw_tokens = {c.text: c.tokens for c in cands}
@@ -460,8 +454,12 @@ class HttpFront:
         steps = max((c.steps for c in cands), default=0)
         choices = [Choice(t, r, len(c), w)
                    for t, r, c, w in zip(texts, reasons, counts, words, strict=True)]
+        d = res.decision
         return FillResult(choices, res.context, steps, timed.model_ms,
-                          max(0.0, total_ms - timed.model_ms))
+                          max(0.0, total_ms - timed.model_ms),
+                          steps_planned=None if res.planned else res.steps_asked,
+                          budget_ms=res.budget_ms if res.planned else None,
+                          max_steps=d.max_steps if d is not None and res.planned else None)
 
     # -- checks on the headers (before any body byte is read) --------------------------------
     def check_auth(self, request: web.Request) -> None:
@@ -738,7 +736,7 @@ class HttpFront:
             "choices": choices,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
-            "diffill": self.step_report(req, steps),
+            "diffill": self.step_report(req, results),
         }
         resp = Reply(body=msgspec.json.encode(out), content_type="application/json",
                      headers={"X-Request-Id": rid})
@@ -746,26 +744,21 @@ class HttpFront:
                      f"choices, steps {steps}")
         return resp
 
-    def step_report(self, req: CompletionRequest, steps: list[int]) -> dict[str, Any]:
+    def step_report(self, req: CompletionRequest, results: list[FillResult]) -> dict[str, Any]:
         """The ``diffill`` object of an answer: ``steps``, the refinement steps each
         prompt's middle took (the model may finish a short middle in fewer than planned);
         ``steps_planned``, the count the sampler ran with (the request's or ``--steps``;
-        None when the backend's latency-budget policy chose it); what chose them."""
-        if req.steps is not None:
-            source = "request"
-        elif self.options.steps is not None:
-            source = "server"
-        else:
-            source = "latency_budget"
-        budget_ms = None
-        if source == "latency_budget":
-            budget = getattr(self.backend, "budget_ms", None)
-            budget_ms = budget(self.options.latency_budget_ms) if callable(budget) else \
-                self.options.latency_budget_ms
-        planned = req.steps if req.steps is not None else self.options.steps
-        return {"steps": steps, "steps_planned": planned, "steps_from": source,
-                "latency_budget_ms": budget_ms,
-                "max_steps": self.options.max_steps if source == "latency_budget" else None}
+        None when the backend's latency-budget policy chose it); what chose them -- all read
+        from the step decision each prompt's result carries back."""
+        steps = [r.steps for r in results]
+        first = results[0]
+        if first.steps_planned is None:
+            return {"steps": steps, "steps_planned": None, "steps_from": "latency_budget",
+                    "latency_budget_ms": first.budget_ms,
+                    "max_steps": self.options.max_steps if first.max_steps is None else first.max_steps}
+        return {"steps": steps, "steps_planned": first.steps_planned,
+                "steps_from": "request" if req.steps is not None else "server",
+                "latency_budget_ms": None, "max_steps": None}
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         try:

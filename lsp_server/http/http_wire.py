@@ -274,3 +274,10 @@ class FillResult:
     """Time inside the backend's denoising calls."""
     other_ms: float
     """The rest of the worker's time: context, tokenising, healing, post-processing."""
+    steps_planned: int | None = None
+    """The steps the model ran with when the request or the server named them (None: the
+    latency budget chose them, :class:`~diffill.model.plan.StepDecision`)."""
+    budget_ms: float | None = None
+    """The latency budget the steps were chosen for (None: named steps, or no budget kept)."""
+    max_steps: int | None = None
+    """The most steps the budget may choose (the decision's bound; None: not known)."""

@@ -52,7 +52,7 @@ from pygls.uris import to_fs_path
 
 from ... import __version__
 from ..backend.backends import BACKENDS, Backend, BackendError
-from ..completion.completer import Completer, Suggestion
+from ..completion.completer import Completer, CompletionAsk, CompletionResult, Suggestion
 from ..completion.options import CompletionOptions, options_from
 from ..text.context import Snippet
 from . import jsonrpc
@@ -107,6 +107,17 @@ class Prepared:
     lead: str
     language: str | None
     path: str | None
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What a completion job on the worker returns: the suggestions, and the model's result
+    with the time it took (``result`` None: the typed-ahead cache answered, filled by a job
+    that ran while this one queued)."""
+
+    suggestions: list[Suggestion]
+    result: CompletionResult | None = None
+    model_ms: float = 0.0
 
 
 DRAFT_MAX_DOCS = 8
@@ -437,23 +448,23 @@ class DiffillServer(LanguageServer):
         recalled = self.cache.recall(prep.uri) if self.options.drafts else []
         cache, gen = self.cache, self.cache.generation(prep.uri)  # an edit elsewhere bumps gen
 
-        def work(cancel: Any) -> tuple[list[Suggestion], Any, float]:
+        def work(cancel: Any) -> Answered:
             again = self.cached(prep, n)  # filled by a job that ran while this one queued
             if again is not None:
-                return again, None, 0.0
+                return Answered(again)
             t = time.perf_counter()
             ex = self.workspace_sync.extras(prep.uri, full_path, prep.text, prep.offset,
                                             prep.language, self.open_text)
-            res = completer.run(prep.text, prep.offset, n=n, cancel=cancel,
+            res = completer.run(prep.text, prep.offset, CompletionAsk(n=n, cancel=cancel),
                                 language=prep.language, path=prep.path,
                                 snippets=[*ex.snippets, *snippets], others=others,
                                 recalled=recalled, workspace=ex.workspace)
             cache.store(prep.uri, prep.row, prep.line_prefix, prep.line_suffix, res.suggestions,
                         generation=gen, asked=n)
-            return res.suggestions, res, (time.perf_counter() - t) * 1000.0
+            return Answered(res.suggestions, res, (time.perf_counter() - t) * 1000.0)
 
         try:
-            sugg, res, model_ms = await self.scheduler.run(
+            got = await self.scheduler.run(
                 f"{kind} {prep.uri}", work, stale=lambda: self.doc_version(prep.uri) != prep.version
             )
         except Superseded:
@@ -472,22 +483,23 @@ class DiffillServer(LanguageServer):
             return []
         self._last_error_shown = None
         total_ms = (time.perf_counter() - t0) * 1000.0
+        res = got.result
         if res is None:
             self.stats.count("cache_hits")
             self.stats.add(total_ms)
-            return sugg
+            return got.suggestions
         self.stats.count("model_requests")
         self.count_drafts(res)
-        self.stats.add(total_ms, model_ms)
-        self._log_result(prep, res, model_ms)
-        return sugg
+        self.stats.add(total_ms, got.model_ms)
+        self._log_result(prep, res, got.model_ms)
+        return got.suggestions
 
     def open_text(self, uri: str) -> str | None:
         """An open document's text (None when it is not open); any thread may call it."""
         doc = self.workspace.text_documents.get(uri)
         return None if doc is None else doc.source
 
-    def count_drafts(self, res: Any) -> None:
+    def count_drafts(self, res: CompletionResult) -> None:
         """Draft counters for ``diffill/status``: model requests sent with drafts
         (``draft_offered``), answered by a verified draft (``draft_accepted``, and
         ``draft_accepted_<source>``), or with a draft partly accepted (``draft_partial``)."""
@@ -510,7 +522,7 @@ class DiffillServer(LanguageServer):
             self._last_error_shown = msg
             self.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=msg))
 
-    def _log_result(self, prep: Prepared, res: Any, model_ms: float) -> None:
+    def _log_result(self, prep: Prepared, res: CompletionResult, model_ms: float) -> None:
         ctx = res.context
         self.last_context = {
             "uri": prep.uri, "version": prep.version, "prefix_tokens": ctx.prefix_tokens,

@@ -10,7 +10,7 @@ import torch
 from diffill.model.cache import infill_cached
 from diffill.model.decoder.loop import infill
 from diffill.model.decoder.spec import SamplerConfig
-from diffill.model.engine import Engine, EngineOptions
+from diffill.model.engine import Engine, EngineAsk, EngineOptions
 from diffill.model.loader import LoadedModel
 from support import one_batch, tiny_model
 
@@ -39,7 +39,7 @@ def prompts(n: int, seed: int = 0):
 
 
 def together(eng: Engine, reqs) -> list:
-    return one_batch(eng, [lambda r=r: eng.infill(r[0], r[1], lengths=r[2]) for r in reqs])
+    return one_batch(eng, [lambda r=r: eng.infill(EngineAsk(r[0], r[1], lengths=r[2])) for r in reqs])
 
 
 def key(res):
@@ -70,7 +70,7 @@ def test_triton_select_in_engine_equals_torch_step(dtype):
     plain = Engine(lm, SamplerConfig(steps=8))
     fused = Engine(lm, SamplerConfig(steps=8), options=EngineOptions(select_impl="auto"))
     for pre, suf, lens in reqs:
-        assert key(fused.infill(pre, suf, lengths=lens)) == key(plain.infill(pre, suf, lengths=lens))
+        assert key(fused.infill(EngineAsk(pre, suf, lengths=lens))) == key(plain.infill(EngineAsk(pre, suf, lengths=lens)))
 
 
 def test_dual_cache_refresh_one_equals_sampler_on_cuda():

@@ -124,7 +124,7 @@ def write_diffill_checkpoint(
 
 
 def one_batch(eng: Any, calls: Sequence[Callable[[], Any]], timeout_s: float = 30.0) -> list:
-    """Run ``calls`` (each one ``eng.infill(...)`` or the like) on threads queued while the
+    """Run ``calls`` (each one ``eng.infill(EngineAsk(...))`` or the like) on threads queued while the
     engine's device lock is held, then release it: the engine takes them as one batch.
     Returns each call's result, or the exception it raised."""
     out: list = [None] * len(calls)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffill.lsp_server.backend.backends import Candidate
+from diffill.lsp_server.backend.backends import Candidate, InfillResult
 
 
 class FixedBackend:
@@ -23,9 +23,11 @@ class FixedBackend:
     def max_context_tokens(self, max_tokens: int) -> int | None:
         return None
 
-    def infill(self, ctx: Any, *, n: int, max_tokens: int, steps: int | None = None,
-               latency_budget_ms: float | None = None, cancel: Any = None, **kw: Any) -> list[Candidate]:
-        return [Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers)]
+    def infill(self, ctx: Any, ask: Any) -> InfillResult:
+        return InfillResult([Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers)])
+
+    def budget_ms(self, requested: float | None = None) -> float | None:
+        return requested
 
     def describe(self) -> dict[str, Any]:
         return {}

@@ -9,7 +9,7 @@ import torch
 from diffill.model import load_model
 from diffill.model.decoder.loop import infill
 from diffill.model.decoder.spec import SamplerConfig, Strategy
-from diffill.model.engine import Engine, EngineOptions
+from diffill.model.engine import Engine, EngineAsk, EngineOptions
 from support.scripted_model import RULES, Rule, ScriptError, compile_rules, load_shipped_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -55,7 +55,7 @@ def test_engine_fast_paths_give_the_same_answers(lm):
     for opts in (EngineOptions(), EngineOptions(refresh_every=3), EngineOptions(buckets=True)):
         eng = Engine(lm, options=opts)
         for rule in RULES:
-            res = eng.infill(tok.encode(rule.prompt), tok.encode("\n"), max_tokens=16, steps=4)
+            res = eng.infill(EngineAsk(tok.encode(rule.prompt), tok.encode("\n"), max_tokens=16, steps=4))
             assert tok.decode(res[0].ids) == rule.answer, (opts, rule)
 
 

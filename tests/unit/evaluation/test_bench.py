@@ -95,6 +95,26 @@ def test_lsp_end_to_end_latency(tmp_path):
     assert res["n"] == 3 and res["model_requests"] == 3 and res["cache_hits"] == 0
     assert res["e2e_p50_ms"] > 0 and res["server_model_p50_ms"] is not None
     assert res["e2e_p95_ms"] >= res["e2e_p50_ms"]
+    # at least one model call a request, at most four (token healing's pass and the plain
+    # one, each with a rerun without drafts); the CPU's default budget, as diffill serve
+    # runs without latencyBudgetMs
+    assert 1 <= res["model_calls_mean"] <= res["model_calls_max"] <= 4 and res["budget_ms"] == 200.0
+    assert res["p95_over_budget"] == round(res["e2e_p95_ms"] / 200.0, 3)
+    typed = res["typed"]
+    assert typed["n"] == 3 and 1 <= typed["model_calls_mean"] <= typed["model_calls_max"] <= 4
+
+
+def test_typed_document_puts_the_cursor_after_a_new_name():
+    from diffill.evaluation.commands.bench import _typed_document
+    from diffill.lsp_server.completion.completer import partial_word
+
+    text, targets = _typed_document(3)
+    lines = text.split("\n")
+    assert [lines[r][-7:] for r, _ in targets] == ["+= wq0x", "+= wq1x", "+= wq2x"]
+    assert all(c == len(lines[r]) for r, c in targets)  # at the end of its line
+    r, c = targets[0]
+    offset = sum(len(ln) + 1 for ln in lines[:r]) + c
+    assert partial_word(text, offset) == " wq0x"  # token healing backs off over it
 
 
 def test_cache_quality_on_a_tiny_checkpoint(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from diffill.model.cache import infill_cached
 from diffill.model.decoder.loop import infill
 from diffill.model.decoder.spec import InfillCancelled, SamplerConfig, Strategy
-from diffill.model.engine import ONCE, Engine, EngineOptions
+from diffill.model.engine import ONCE, Engine, EngineAsk, EngineOptions
 from diffill.model.loader import LoadedModel
 from diffill.model.plan import BucketTiming, describe_plan, plan_from_timings
 from diffill.model.transformer import Transformer
@@ -41,7 +41,7 @@ def prompts(n: int, seed: int = 0) -> list[tuple[list[int], list[int], tuple[int
 
 def run_together(eng: Engine, reqs, **kw) -> list:
     """Queue all requests while the device is held, then release it: one batch."""
-    return one_batch(eng, [lambda r=r: eng.infill(r[0], r[1], lengths=r[2], **kw) for r in reqs])
+    return one_batch(eng, [lambda r=r: eng.infill(EngineAsk(r[0], r[1], lengths=r[2], **kw)) for r in reqs])
 
 
 def _key(res):
@@ -77,7 +77,7 @@ def test_requests_with_different_steps_are_not_mixed_but_all_answered():
     lm = make_lm()
     reqs = prompts(4, seed=1)
     eng = Engine(lm, SamplerConfig(steps=3), options=EngineOptions(max_batch_rows=5, context="row"))
-    out = one_batch(eng, [lambda r=r, i=i: eng.infill(r[0], r[1], lengths=r[2], steps=2 + i % 2)
+    out = one_batch(eng, [lambda r=r, i=i: eng.infill(EngineAsk(r[0], r[1], lengths=r[2], steps=2 + i % 2))
                           for i, r in enumerate(reqs)])
     for i, (pre, suf, lens) in enumerate(reqs):
         _assert_same(out[i], infill(lm.model, lm.config, pre, suf,
@@ -95,7 +95,8 @@ def test_cancelled_request_leaves_the_batch_and_the_others_finish():
         calls["n"] += 1
         return calls["n"] > 3  # cancelled in the middle of the loop
 
-    out = one_batch(eng, [lambda r=r, i=i: eng.infill(r[0], r[1], lengths=r[2], cancel=cancel_third if i == 2 else None)
+    out = one_batch(eng, [lambda r=r, i=i: eng.infill(EngineAsk(r[0], r[1], lengths=r[2],
+                                                             cancel=cancel_third if i == 2 else None))
                           for i, r in enumerate(reqs)])
     assert isinstance(out[2], InfillCancelled)
     for i in (0, 1, 3):
@@ -114,7 +115,7 @@ def test_buckets_and_fused_select_give_the_same_results(shift):
                   options=EngineOptions(buckets=True, select_impl="torch"))
     got = run_together(fast, reqs)
     for (pre, suf, lens), res in zip(reqs, got, strict=True):
-        _assert_same(res, plain.infill(pre, suf, lengths=lens))
+        _assert_same(res, plain.infill(EngineAsk(pre, suf, lengths=lens)))
 
 
 @pytest.mark.parametrize("shift", [False, True])
@@ -124,7 +125,7 @@ def test_engine_dual_cache(shift):
     # refresh every step: exactly the uncached sampler
     eng1 = Engine(lm, SamplerConfig(steps=6), options=EngineOptions(refresh_every=1, context="row"))
     for pre, suf, lens in reqs:
-        assert eng1.infill(pre, suf, lengths=lens) == infill(
+        assert eng1.infill(EngineAsk(pre, suf, lengths=lens)).candidates == infill(
             lm.model, lm.config, pre, suf, SamplerConfig(steps=6, lengths=lens))
     # refresh every 3 steps, batched: each request as the single-request cached sampler
     eng3 = Engine(lm, SamplerConfig(steps=6), options=EngineOptions(refresh_every=3, context="row"))
@@ -140,12 +141,12 @@ def test_plan_chooses_steps_when_the_request_names_none():
                BucketTiming(ctx=512, hole=16, rows=3, full_ms=10.0, block_ms=10.0, overhead_ms=0.0)]
     plan = plan_from_timings(timings, 25.0)
     eng = Engine(lm, SamplerConfig(steps=8), plan=plan)
-    small = eng.make_request(list(range(4, 40)), [5], lengths=(16,))
-    big = eng.make_request(list(range(4, 44)) * 8, [5], lengths=(16,))
+    small = eng.make_request(EngineAsk(list(range(4, 40)), [5], lengths=(16,)))
+    big = eng.make_request(EngineAsk(list(range(4, 44)) * 8, [5], lengths=(16,)))
     assert (small.sampler.steps, small.sampler.threshold) == (5, 0.9)
     assert (big.sampler.steps, big.sampler.threshold) == (2, 0.9)
-    assert eng.make_request([4], [5], lengths=(16,), steps=7).sampler.steps == 7
-    res = eng.infill(list(range(4, 40)), [5], lengths=(16,))
+    assert eng.make_request(EngineAsk([4], [5], lengths=(16,), steps=7)).sampler.steps == 7
+    res = eng.infill(EngineAsk(list(range(4, 40)), [5], lengths=(16,)))
     assert res and res[0].steps <= 5
 
 
@@ -195,7 +196,8 @@ def test_static_buffer_loop_freezes_cancelled_rows():
         calls["n"] += 1
         return calls["n"] > 2
 
-    out = one_batch(eng, [lambda r=r, i=i: eng.infill(r[0], r[1], lengths=r[2], cancel=cancel if i == 1 else None)
+    out = one_batch(eng, [lambda r=r, i=i: eng.infill(EngineAsk(r[0], r[1], lengths=r[2],
+                                                             cancel=cancel if i == 1 else None))
                           for i, r in enumerate(reqs)])
     assert isinstance(out[1], InfillCancelled)
     for i in (0, 2):
@@ -226,13 +228,13 @@ def test_unpadded_batches_run_without_an_attention_mask(refresh):
                          provenance={}, device=lm.device, dtype=lm.dtype)
     eng = Engine(lm_spy, SamplerConfig(steps=4), options=EngineOptions(refresh_every=refresh))
     pre, suf = [5, 6, 7, 8, 9], [10, 11]
-    one = eng.infill(pre, suf, lengths=(6,))  # one row, no padding
+    one = eng.infill(EngineAsk(pre, suf, lengths=(6,)))  # one row, no padding
     assert spy.masks and all(m is None for m in spy.masks)
     want = infill_cached(lm.model, lm.config, pre, suf, SamplerConfig(steps=4, lengths=(6,)),
                          refresh_every=refresh)
     _assert_same(one, want)
     spy.masks.clear()
-    eng.infill(pre, suf, lengths=(3, 6))  # rows of different lengths: padding, masks needed
+    eng.infill(EngineAsk(pre, suf, lengths=(3, 6)))  # rows of different lengths: padding, masks needed
     assert spy.masks and all(m is not None for m in spy.masks)
 
 
@@ -243,7 +245,7 @@ def test_default_sampler_takes_the_checkpoints_decode_block():
     eng = Engine(lm, options=ROW)  # the exact path, to compare with the sampler
     assert eng.sampler.block == 2 and Engine(lm).sampler.block == 2
     pre, suf, lens = prompts(1, seed=2)[0]
-    assert eng.infill(pre, suf, lengths=lens) == infill(
+    assert eng.infill(EngineAsk(pre, suf, lengths=lens)).candidates == infill(
         lm.model, lm.config, pre, suf, SamplerConfig(block=2, lengths=lens))
     assert Engine(lm, SamplerConfig(steps=3)).sampler.block is None  # an explicit sampler wins
 
@@ -267,7 +269,7 @@ def test_cpu_default_shares_one_context_per_request(shift):
     for (pre, suf, lens), res, res_step in zip(reqs, got, got_step, strict=True):
         sc = SamplerConfig(steps=4, lengths=lens)
         _assert_same(res, infill_cached(lm.model, lm.config, pre, suf, sc, refresh_every=ONCE, shared=True))
-        _assert_same(res, eng.infill(pre, suf, lengths=lens))  # alone as in a batch
+        _assert_same(res, eng.infill(EngineAsk(pre, suf, lengths=lens)))  # alone as in a batch
         _assert_same(res_step, infill_cached(lm.model, lm.config, pre, suf, sc, refresh_every=1, shared=True))
         if len(lens) == 1:
             _assert_same(res_step, infill(lm.model, lm.config, pre, suf, sc))
@@ -296,11 +298,11 @@ def test_drafts_are_sent_only_while_the_request_fits_its_budget():
     eng = Engine(lm, plan=plan_from_timings([t], 150.0, min_steps=1))
     drafts = [[5, 6], [7, 8], [9, 10]]
     # 3 rows: 100 ms, 4 rows: 140 ms, 5 rows: 180 ms > 150 ms -> one draft is sent
-    assert eng.make_request([4, 5, 6], [7], max_tokens=16, drafts=drafts).drafts == ((5, 6),)
+    assert eng.make_request(EngineAsk([4, 5, 6], [7], max_tokens=16, drafts=drafts)).drafts == ((5, 6),)
     # nothing fits even without drafts: all are kept (a verified one ends the request)
-    assert len(eng.make_request([4, 5, 6], [7], max_tokens=16, drafts=drafts,
-                                budget_ms=50.0).drafts) == 3
-    assert len(eng.make_request([4, 5, 6], [7], max_tokens=16, drafts=drafts,
-                                budget_ms=500.0).drafts) == 3
+    assert len(eng.make_request(EngineAsk([4, 5, 6], [7], max_tokens=16, drafts=drafts,
+                                budget_ms=50.0)).drafts) == 3
+    assert len(eng.make_request(EngineAsk([4, 5, 6], [7], max_tokens=16, drafts=drafts,
+                                budget_ms=500.0)).drafts) == 3
     # explicit steps: the drafts are the caller's business
-    assert len(eng.make_request([4, 5, 6], [7], max_tokens=16, drafts=drafts, steps=2).drafts) == 3
+    assert len(eng.make_request(EngineAsk([4, 5, 6], [7], max_tokens=16, drafts=drafts, steps=2)).drafts) == 3

@@ -71,6 +71,20 @@ def test_whole_canvases_are_priced_as_full_forwards():
     assert StepBudget("cpu", plan=shared).steps_for(100, 16, rows=3, whole_canvases=True) == (2, 0.9)
 
 
+def test_step_budget_decides_and_says_why():
+    t = BucketTiming(ctx=1024, hole=16, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
+    sb = StepBudget("cpu", plan=plan_from_timings([t], 25.0))
+    d = sb.decide(600, 16, 3)  # the plan's own budget and rows
+    assert (d.steps, d.source, d.budget_ms, d.bucket, d.predicted_ms, d.over_budget) == (
+        12, "plan", 25.0, (1024, 16), 25.0, False)
+    assert (d.threshold, d.max_steps, d.planned) == (0.9, sb.max_steps, True)
+    assert sb.decide(600, 16, 3, budget_ms=1e-3).over_budget  # nothing fits: the fewest steps
+    forced = sb.decide(600, 16, 3, budget_ms=1e-3, steps=5)
+    assert (forced.steps, forced.source, forced.budget_ms, forced.planned) == (5, "request", None, False)
+    none = StepBudget("cpu").decide(600, 16, 3, default_steps=8)  # no plan: the sampler's steps
+    assert (none.steps, none.source, none.budget_ms, none.bucket) == (8, "default", 200.0, None)
+
+
 def test_choose_on_synthetic_timings():
     t = BucketTiming(ctx=1024, hole=16, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
     c = choose(t, 25.0)

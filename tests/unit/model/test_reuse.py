@@ -9,7 +9,7 @@ import torch
 from diffill.model.cache import SharedContext, shift_keys
 from diffill.model.decoder.canvas import build_canvas
 from diffill.model.decoder.spec import SamplerConfig, StepSpec
-from diffill.model.engine import Engine, EngineOptions
+from diffill.model.engine import Engine, EngineAsk, EngineOptions
 from diffill.model.reuse import (
     Kept,
     ReusedContext,
@@ -156,18 +156,18 @@ def _engine(**opts) -> Engine:
 def test_engine_reuses_per_document_and_refreshes_by_the_policy():
     eng = _engine(reuse="on", reuse_full_every=2)
     prefix, suffix = _ids(8, 40), _ids(9, 10)
-    eng.infill(prefix, suffix, lengths=(4, 8), context_key="a.py")
+    eng.infill(EngineAsk(prefix, suffix, lengths=(4, 8), context_key="a.py"))
     st = eng.stats()
     assert (st["context_reused"], st["context_computed"]) == (0, 1) and st["context_kept_bytes"] > 0
-    eng.infill(prefix + [12], suffix, lengths=(4, 8), context_key="a.py")  # a keystroke
-    eng.infill(prefix + [12, 13], suffix, lengths=(4, 8), context_key="a.py")
+    eng.infill(EngineAsk(prefix + [12], suffix, lengths=(4, 8), context_key="a.py"))  # a keystroke
+    eng.infill(EngineAsk(prefix + [12, 13], suffix, lengths=(4, 8), context_key="a.py"))
     st = eng.stats()
     assert (st["context_reused"], st["context_recomputed_tokens"]) == (2, 2)
-    eng.infill(prefix + [12, 13, 14], suffix, lengths=(4, 8), context_key="a.py")  # 2 reuses: full
+    eng.infill(EngineAsk(prefix + [12, 13, 14], suffix, lengths=(4, 8), context_key="a.py"))  # 2 reuses: full
     assert eng.stats()["context_computed"] == 2
-    eng.infill(prefix, suffix, lengths=(4, 8), context_key="b.py")  # another document
-    eng.infill(_ids(10, 40), suffix, lengths=(4, 8), context_key="a.py")  # far: full
-    eng.infill(prefix, suffix, lengths=(4, 8))  # no key: nothing kept or reused
+    eng.infill(EngineAsk(prefix, suffix, lengths=(4, 8), context_key="b.py"))  # another document
+    eng.infill(EngineAsk(_ids(10, 40), suffix, lengths=(4, 8), context_key="a.py"))  # far: full
+    eng.infill(EngineAsk(prefix, suffix, lengths=(4, 8)))  # no key: nothing kept or reused
     st = eng.stats()
     assert (st["context_reused"], st["context_computed"]) == (2, 4)
 
@@ -175,8 +175,8 @@ def test_engine_reuses_per_document_and_refreshes_by_the_policy():
 def test_engine_without_reuse_keeps_nothing(monkeypatch):
     eng = _engine(reuse="off")
     prefix, suffix = _ids(8, 40), _ids(9, 10)
-    eng.infill(prefix, suffix, context_key="a.py")
-    eng.infill(prefix + [12], suffix, context_key="a.py")
+    eng.infill(EngineAsk(prefix, suffix, context_key="a.py"))
+    eng.infill(EngineAsk(prefix + [12], suffix, context_key="a.py"))
     st = eng.stats()
     assert (st["context_reused"], st["context_computed"], st["context_kept_bytes"]) == (0, 0, 0)
     monkeypatch.setenv("DIFFILL_REUSE", "off")
@@ -195,8 +195,8 @@ def test_an_identical_request_answers_the_same_with_a_reused_context():
     from its kept context, gives the same tokens as computing it in full."""
     eng = _engine(reuse="on")
     prefix, suffix = _ids(11, 40), _ids(12, 10)
-    a = eng.infill(prefix, suffix, lengths=(4, 8), steps=1, context_key="a.py")
-    b = eng.infill(prefix, suffix, lengths=(4, 8), steps=1, context_key="a.py")
+    a = eng.infill(EngineAsk(prefix, suffix, lengths=(4, 8), steps=1, context_key="a.py"))
+    b = eng.infill(EngineAsk(prefix, suffix, lengths=(4, 8), steps=1, context_key="a.py"))
     assert eng.stats()["context_reused"] == 1
     assert [r.ids for r in a] == [r.ids for r in b]
     for x, y in zip(a, b, strict=True):
@@ -207,7 +207,7 @@ def test_step_spec_shift_model_reuse_runs():
     lm = tiny_lm(3, vocab_size=V, shift_logits=True, max_position_embeddings=512)
     eng = Engine(lm, SamplerConfig(steps=2, lengths=(8,)), options=EngineOptions(context="request", reuse="on"))
     prefix, suffix = _ids(13, 30), _ids(14, 6)
-    eng.infill(prefix, suffix, context_key="k", drafts=[prefix[:3]])
-    res = eng.infill(prefix + [20], suffix, context_key="k", drafts=[prefix[:3]])
+    eng.infill(EngineAsk(prefix, suffix, context_key="k", drafts=[prefix[:3]]))
+    res = eng.infill(EngineAsk(prefix + [20], suffix, context_key="k", drafts=[prefix[:3]]))
     assert eng.stats()["context_reused"] == 1 and res
     assert StepSpec.of(lm.config, eng.sampler).shift

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from diffill.lsp_server.backend.backend_api import InfillAsk
+
 # -- LocalBackend over an InfillEngine (fake engine: control flow only) ------------------------
 
 class _FakeTok:
@@ -29,16 +31,19 @@ class _FakeEngine:
         self.calls: list[dict] = []
         self.warmed = 0
 
-    def infill(self, prefix_ids, suffix_ids, *, max_tokens, candidates=1, steps=None,
-               budget_ms=None, temperature=None, seed=None, cancel=None, drafts=(),
-               context_key=None):
+    def infill(self, ask):
         from diffill.model.decoder.spec import Infill
+        from diffill.model.engine import InfillOutcome
+        from diffill.model.plan import StepDecision
 
-        self.calls.append({"max_tokens": max_tokens, "candidates": candidates, "steps": steps,
-                           "budget_ms": budget_ms, "temperature": temperature, "seed": seed,
-                           **({"drafts": drafts} if drafts else {}),
-                           **({"context_key": context_key} if context_key else {})})
-        return [Infill(ids=[ord("x")], length=max_tokens, score=0.0, steps=steps or 4)]
+        self.calls.append({"max_tokens": ask.max_tokens, "candidates": ask.candidates,
+                           "steps": ask.steps, "budget_ms": ask.budget_ms,
+                           "temperature": ask.temperature, "seed": ask.seed,
+                           **({"drafts": ask.drafts} if ask.drafts else {}),
+                           **({"context_key": ask.context_key} if ask.context_key else {})})
+        steps = ask.steps or 4
+        return InfillOutcome([Infill(ids=[ord("x")], length=ask.max_tokens, score=0.0, steps=steps)],
+                             StepDecision(steps, "plan" if ask.steps is None else "request", 16))
 
     def warmup(self):
         self.warmed += 1
@@ -58,20 +63,22 @@ def test_local_backend_leaves_steps_to_the_engine():
 
     eng = _FakeEngine()
     b = LocalBackend(eng, step_delay_s=0)
-    out = b.infill(_ctx(), n=1, max_tokens=16, latency_budget_ms=10.0)
-    assert [(c.text, c.steps) for c in out] == [("x", 4)]
+    out = b.infill(_ctx(), InfillAsk(n=1, max_tokens=16, budget_ms=10.0))
+    assert [(c.text, c.steps) for c in out.candidates] == [("x", 4)]
+    assert out.decision is not None and out.decision.planned  # the engine's decision comes back
     # no steps: the engine's step budget decides, for the request's budget
     assert eng.calls[-1] == {"max_tokens": 16, "candidates": 1, "steps": None, "budget_ms": 10.0,
                              "temperature": None, "seed": None}
-    b.infill(_ctx(), n=3, max_tokens=16, steps=5)  # explicit steps win; no budget: the engine's
+    # explicit steps win; no budget: the engine's
+    b.infill(_ctx(), InfillAsk(n=3, max_tokens=16, steps=5))
     assert eng.calls[-1] == {"max_tokens": 16, "candidates": 3, "steps": 5, "budget_ms": None,
                              "temperature": None, "seed": None}
-    b.infill(_ctx(), n=1, max_tokens=16, temperature=0.5, seed=7)
+    b.infill(_ctx(), InfillAsk(n=1, max_tokens=16, temperature=0.5, seed=7))
     assert (eng.calls[-1]["temperature"], eng.calls[-1]["seed"]) == (0.5, 7)
-    b.infill(_ctx(), n=1, max_tokens=16, temperature=0.0, seed=7)  # greedy: no seed needed
+    b.infill(_ctx(), InfillAsk(n=1, max_tokens=16, seed=7))  # greedy: no seed needed
     assert (eng.calls[-1]["temperature"], eng.calls[-1]["seed"]) == (None, None)
     # the document's path names the context the engine may keep for its next request
-    b.infill(dataclasses.replace(_ctx(), path="/w/a.py"), n=1, max_tokens=16)
+    b.infill(dataclasses.replace(_ctx(), path="/w/a.py"), InfillAsk(n=1, max_tokens=16))
     assert eng.calls[-1]["context_key"] == "/w/a.py"
     b.warmup()
     assert eng.warmed == 1
@@ -84,7 +91,7 @@ def test_local_backend_steps_do_not_drift_with_load():
     """The same request gets the same steps however slow the previous ones were: the
     engine's plan is frozen at warm-up (issue 19: no server-wide running average)."""
     from diffill.lsp_server.backend.backends import LocalBackend
-    from diffill.model.engine import Engine
+    from diffill.model.engine import Engine, EngineAsk
     from diffill.model.plan import BucketTiming, plan_from_timings
     from support import tiny_lm
 
@@ -95,15 +102,15 @@ def test_local_backend_steps_do_not_drift_with_load():
     ctx = _ctx()
 
     def planned() -> int:
-        return eng.make_request(ctx.prefix_ids, ctx.suffix_ids, max_tokens=16).sampler.steps
+        return eng.make_request(EngineAsk(ctx.prefix_ids, ctx.suffix_ids, max_tokens=16)).sampler.steps
 
     fast = LocalBackend(eng, step_delay_s=0)
     slow = LocalBackend(eng, step_delay_s=0.02)  # every step 20 ms slower: a loaded machine
     assert planned() == 7  # 7 x 4 ms fit 30 ms; 8 would not
-    before = fast.infill(ctx, n=1, max_tokens=16)
+    before = fast.infill(ctx, InfillAsk(n=1, max_tokens=16))
     for _ in range(3):
-        slow.infill(ctx, n=1, max_tokens=16)
-    assert fast.infill(ctx, n=1, max_tokens=16) == before and planned() == 7
+        slow.infill(ctx, InfillAsk(n=1, max_tokens=16))
+    assert fast.infill(ctx, InfillAsk(n=1, max_tokens=16)) == before and planned() == 7
     assert eng.plan.budget_ms == 30.0  # nothing re-planned
 
 
@@ -150,8 +157,8 @@ def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
     prov = b.engine.plan
     assert prov is not None and all(t.source == "provisional" for t in prov.timings)
     assert b.describe()["step_plan"]["provisional"] is True
-    out = b.infill(_ctx(), n=1, max_tokens=16)  # answered while the plan is measured
-    assert out and b.plan_thread is not None and b.plan_thread.is_alive()
+    out = b.infill(_ctx(), InfillAsk(n=1, max_tokens=16))  # answered while the plan is measured
+    assert out.candidates and b.plan_thread is not None and b.plan_thread.is_alive()
     release.set()
     b.plan_thread.join(60)
     measured = b.engine.plan
@@ -189,4 +196,5 @@ def test_the_background_plan_stops_at_its_next_layer(monkeypatch):
     b.stop_plan()
     assert ran and not b.plan_thread.is_alive()
     assert b.engine.plan is prov  # the measurement was stopped, not installed
-    assert b.infill(_ctx(), n=1, max_tokens=16)  # and the hooks are gone: requests still run
+    # and the hooks are gone: requests still run
+    assert b.infill(_ctx(), InfillAsk(n=1, max_tokens=16)).candidates

@@ -22,7 +22,12 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from diffill.lsp_server.backend.backends import BackendError, Cancelled, load_local_backend
+from diffill.lsp_server.backend.backends import (
+    BackendError,
+    Cancelled,
+    InfillAsk,
+    load_local_backend,
+)
 from diffill.lsp_server.backend.remote import (
     RemoteBackend,
     RemoteSettings,
@@ -94,9 +99,9 @@ async def test_same_suggestions_as_the_local_backend(model_dir: Path):
         remote = RemoteBackend(RemoteSettings(url=str(server.make_url("/v1")), model="diffill",
                                               api_key_env="DIFFILL_TEST_REMOTE_KEY"))
         for prefix, suffix, expected in DOCS:
-            want = Completer(local, OPTS).run(prefix + suffix, len(prefix), n=1)
+            want = Completer(local, OPTS).run(prefix + suffix, len(prefix))
             got = await asyncio.to_thread(
-                Completer(remote, OPTS).run, prefix + suffix, len(prefix), n=1)
+                Completer(remote, OPTS).run, prefix + suffix, len(prefix))
             assert [s.text for s in got.suggestions] == [s.text for s in want.suggestions] == [expected]
             assert got.context.prefix == want.context.prefix  # small documents: nothing cut
         desc = remote.describe()
@@ -167,9 +172,11 @@ async def scripted():
         await s.close()
 
 
-def call(remote: RemoteBackend, cancel=None, n: int = 2):
-    return asyncio.to_thread(remote.infill, ctx_for("def f(x):\n    return ", "\n"), n=n,
-                             max_tokens=8, cancel=cancel)
+async def call(remote: RemoteBackend, cancel=None, n: int = 2):
+    got = await asyncio.to_thread(remote.infill, ctx_for("def f(x):\n    return ", "\n"),
+                                  InfillAsk(n=n, max_tokens=8, cancel=cancel))
+    assert got.decision is None  # an endpoint decides its steps and does not say
+    return got.candidates
 
 
 async def test_request_body_and_choice_order(scripted):

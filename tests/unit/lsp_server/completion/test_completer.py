@@ -15,6 +15,7 @@ class _ScriptedBackend:
     def __init__(self, *answers: list[str]):
         self.answers = list(answers)
         self.seen = []
+        self.asks = []
 
     def encode_batch(self, texts):
         return [[ord(c) for c in t] for t in texts]
@@ -22,12 +23,16 @@ class _ScriptedBackend:
     def max_context_tokens(self, max_tokens):
         return None
 
-    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None, **kw):
-        from diffill.lsp_server.backend.backends import Candidate
+    def infill(self, ctx, ask):
+        from diffill.lsp_server.backend.backends import Candidate, InfillResult
 
         self.seen.append((ctx.prefix, ctx.suffix))
-        self.kwargs = {"steps": steps, **kw}
-        return [Candidate(text=t, score=-float(i)) for i, t in enumerate(self.answers.pop(0))]
+        self.asks.append(ask)
+        return InfillResult([Candidate(text=t, score=-float(i))
+                             for i, t in enumerate(self.answers.pop(0))])
+
+    def budget_ms(self, requested=None):
+        return requested
 
     def describe(self):
         return {}
@@ -45,11 +50,11 @@ def test_partial_word_boundaries():
 
 
 def test_token_healing_fills_from_the_word_start():
-    from diffill.lsp_server.completion.completer import Completer
+    from diffill.lsp_server.completion.completer import Completer, CompletionAsk
 
     text = "def f(a):\n    return to\n"
     b = _ScriptedBackend([" total", " other", " to"])
-    res = Completer(b).run(text, text.index("to\n") + 2, n=3)
+    res = Completer(b).run(text, text.index("to\n") + 2, CompletionAsk(n=3))
     assert b.seen == [("def f(a):\n    return", "\n")]  # the hole starts before " to"
     assert [s.text for s in res.suggestions] == ["tal"]  # " other" and a bare " to" dropped
     assert res.context.line_prefix == "    return to"
@@ -61,7 +66,7 @@ def test_token_healing_falls_back_when_nothing_matches():
 
     text = "x = myna\n"
     b = _ScriptedBackend(["foo"], ["me = 1"])
-    res = Completer(b).run(text, 8, n=1)
+    res = Completer(b).run(text, 8)
     assert b.seen == [("x =", "\n"), ("x = myna", "\n")]
     assert [s.text for s in res.suggestions] == ["me = 1"]
     off = Completer(b, CompletionOptions(token_healing=False))
@@ -70,12 +75,14 @@ def test_token_healing_falls_back_when_nothing_matches():
     assert b.seen[-1] == ("x = myna", "\n")
 
 
-def test_run_passes_steps_and_backend_kwargs():
-    from diffill.lsp_server.completion.completer import Completer
+def test_run_passes_the_ask_to_the_backend():
+    from diffill.lsp_server.completion.completer import Completer, CompletionAsk
 
     b = _ScriptedBackend(["1"])
-    Completer(b).run("x = (\n", 5, steps=3, backend_kwargs={"temperature": 0.5, "seed": 7})
-    assert b.kwargs == {"steps": 3, "temperature": 0.5, "seed": 7}
+    res = Completer(b).run("x = (\n", 5, CompletionAsk(steps=3, temperature=0.5, seed=7))
+    (ask,) = b.asks
+    assert (ask.steps, ask.temperature, ask.seed) == (3, 0.5, 7)
+    assert res.model_calls == 1 and not res.planned and res.decision is None
 
 
 # -- drafts (a backend that "verifies" what it is told to: control flow only) ---------------------
@@ -97,14 +104,17 @@ class _Verifier:
     def max_context_tokens(self, max_tokens):
         return None
 
-    def infill(self, ctx, *, n, max_tokens, steps=None, latency_budget_ms=None, cancel=None,
-               drafts=(), **kw):
-        from diffill.lsp_server.backend.backends import Candidate
+    def infill(self, ctx, ask):
+        from diffill.lsp_server.backend.backends import Candidate, InfillResult
 
-        self.sent.append(list(drafts))
+        self.sent.append(list(ask.drafts))
         ok = [Candidate(text=d, score=-0.5, steps=1, draft=i, accepted=len(d), verified=True)
-              for i, d in enumerate(drafts) if d in self.accept]
-        return ok or [Candidate(text=t, score=-1.0 - i, steps=4) for i, t in enumerate(self.model)]
+              for i, d in enumerate(ask.drafts) if d in self.accept]
+        return InfillResult(ok or [Candidate(text=t, score=-1.0 - i, steps=4)
+                                   for i, t in enumerate(self.model)])
+
+    def budget_ms(self, requested=None):
+        return requested
 
     def describe(self):
         return {}
@@ -119,7 +129,7 @@ def test_a_repeated_line_goes_as_a_draft_and_a_verified_one_answers():
 
     text = LADDER + "        \n"
     b = _Verifier({"return 'four'"}, ["pass"])
-    res = Completer(b).run(text, len(LADDER) + 8, n=1)
+    res = Completer(b).run(text, len(LADDER) + 8)
     assert b.sent and b.sent[0]  # drafts were sent with the one model call
     assert len(b.sent) == 1
     assert {d.source for d in res.drafts} <= {"lookup", "suffix", "analogy", "typeahead"}
@@ -127,7 +137,7 @@ def test_a_repeated_line_goes_as_a_draft_and_a_verified_one_answers():
         assert res.suggestions[0].verified and res.suggestions[0].source != "model"
     # a draft the model does not verify: the model's own answer
     b2 = _Verifier(set(), ["return 'four'"])
-    res2 = Completer(b2).run(text, len(LADDER) + 8, n=1)
+    res2 = Completer(b2).run(text, len(LADDER) + 8)
     assert [(s.text, s.source, s.verified) for s in res2.suggestions] == [("return 'four'", "model", False)]
 
 
@@ -136,7 +146,7 @@ def test_verified_draft_is_marked_with_its_source():
 
     text = "total = compute(alpha, beta)\nx = 1\ntotal = compute(\n"
     b = _Verifier({"alpha, beta)"}, ["gamma)"])
-    res = Completer(b).run(text, text.rindex("(") + 1, n=1)
+    res = Completer(b).run(text, text.rindex("(") + 1)
     assert "alpha, beta)" in b.sent[0]
     assert [(s.text, s.verified) for s in res.suggestions] == [("alpha, beta)", True)]
     assert res.suggestions[0].source in ("lookup", "analogy")  # both copy the earlier line
@@ -148,7 +158,7 @@ def test_drafts_off_sends_none():
 
     text = "total = compute(alpha, beta)\nx = 1\ntotal = compute(\n"
     b = _Verifier({"alpha, beta)"}, ["gamma)"])
-    res = Completer(b, CompletionOptions(drafts=False)).run(text, text.rindex("(") + 1, n=1)
+    res = Completer(b, CompletionOptions(drafts=False)).run(text, text.rindex("(") + 1)
     assert b.sent == [[]] and res.drafts == []
     assert [s.text for s in res.suggestions] == ["gamma)"]
 
@@ -158,27 +168,84 @@ def test_token_healing_sends_the_word_and_the_draft():
 
     text = "result = compute_total(items)\nx = 1\nresult = comp\n"
     b = _Verifier({" compute_total(items)"}, [" nothing"])
-    res = Completer(b).run(text, text.rindex("comp") + 4, n=1)
+    res = Completer(b).run(text, text.rindex("comp") + 4)
     assert " compute_total(items)" in b.sent[0]  # the hole starts at the word: " comp" + draft
     assert [(s.text, s.verified) for s in res.suggestions] == [("ute_total(items)", True)]
 
 
 def test_a_verified_draft_that_post_processing_drops_runs_the_model_again():
-    from diffill.lsp_server.backend.backends import Candidate
+    from diffill.lsp_server.backend.backends import Candidate, InfillResult
     from diffill.lsp_server.completion.completer import Completer
 
     class Mangles(_Verifier):  # "verifies" a draft but its text comes back empty
-        def infill(self, ctx, *, drafts=(), **kw):
-            self.sent.append(list(drafts))
-            if drafts:
-                return [Candidate(text="", score=0.0, steps=1, draft=0, accepted=0, verified=True)]
-            return [Candidate(text="gamma)", score=-1.0, steps=4)]
+        def infill(self, ctx, ask):
+            self.sent.append(list(ask.drafts))
+            if ask.drafts:
+                return InfillResult([Candidate(text="", score=0.0, steps=1, draft=0, accepted=0,
+                                               verified=True)])
+            return InfillResult([Candidate(text="gamma)", score=-1.0, steps=4)])
 
     text = "total = compute(alpha, beta)\nx = 1\ntotal = compute(\n"
     b = Mangles(set(), [])
-    res = Completer(b).run(text, text.rindex("(") + 1, n=1)
+    res = Completer(b).run(text, text.rindex("(") + 1)
     assert len(b.sent) == 2 and b.sent[1] == []
     assert [s.text for s in res.suggestions] == ["gamma)"]
+
+
+# -- one budget per editor request ------------------------------------------------------------
+
+
+class _Clocked(_ScriptedBackend):
+    """Answers from a script, taking ``ms`` per call; keeps a 200 ms budget by default and
+    records the budget each call was given."""
+
+    def __init__(self, *answers, ms: float):
+        super().__init__(*answers)
+        self.ms = ms
+
+    def budget_ms(self, requested=None):
+        return 200.0 if requested is None else requested
+
+    def infill(self, ctx, ask):
+        import time
+
+        time.sleep(self.ms / 1000.0)
+        return super().infill(ctx, ask)
+
+
+def test_a_later_model_call_gets_what_is_left_of_the_budget():
+    from diffill.lsp_server.completion.completer import Completer
+
+    text = "x = myna\n"  # token healing finds nothing: a second, plain call
+    b = _Clocked(["foo"], ["me = 1"], ms=50.0)
+    res = Completer(b).run(text, 8)
+    first, second = (a.budget_ms for a in b.asks)
+    assert first == 200.0 and second <= 150.0  # the request's budget, not each call's
+    assert second == int(second)  # whole ms: few distinct budgets for the step plan
+    assert res.model_calls == 2 and res.budget_ms == 200.0 and res.suggestions[0].text == "me = 1"
+    slow = _Clocked(["foo"], ["me = 1"], ms=250.0)  # the first call spent it all
+    Completer(slow).run(text, 8)
+    assert [a.budget_ms for a in slow.asks] == [200.0, 200.0 / 16]  # one step's share at least
+
+
+def test_a_spent_budget_skips_the_rerun_without_drafts():
+    from diffill.lsp_server.backend.backends import Candidate, InfillResult
+    from diffill.lsp_server.completion.completer import Completer, CompletionAsk
+
+    class Mangles(_Clocked):  # "verifies" a draft but its text comes back empty
+        def infill(self, ctx, ask):
+            super().infill(ctx, ask)
+            if ask.drafts:
+                return InfillResult([Candidate(text="", score=0.0, steps=1, draft=0, verified=True)])
+            return InfillResult([Candidate(text="gamma)", score=-1.0, steps=4)])
+
+    text = "total = compute(alpha, beta)\nx = 1\ntotal = compute(\n"
+    for budget, calls in ((20.0, 1), (5000.0, 2)):
+        b = Mangles([""], [""], ms=30.0)
+        res = Completer(b).run(text, text.rindex("(") + 1, CompletionAsk(budget_ms=budget))
+        assert [bool(a.drafts) for a in b.asks] == [True, False][:calls]
+        assert res.model_calls == calls and res.budget_ms == budget
+    assert [s.text for s in res.suggestions] == ["gamma)"]  # with the budget left: the rerun's
 
 
 # -- drafts at another depth ------------------------------------------------------------------
@@ -322,4 +389,4 @@ def test_workspace_chunks_become_drafts():
     res = Completer(b, CompletionOptions(token_healing=False, syntax_check=False)).run(
         text, len(text), workspace=[chunk])
     assert [d.text for d in res.drafts] == [" width * height"]
-    assert b.kwargs["drafts"] == [" width * height"]
+    assert b.asks[0].drafts == (" width * height",)

@@ -25,7 +25,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
-from diffill.lsp_server.backend.backends import LocalBackend, load_local_backend
+from diffill.lsp_server.backend.backends import InfillAsk, LocalBackend, load_local_backend
 from diffill.lsp_server.completion.completer import Completer
 from diffill.lsp_server.completion.options import CompletionOptions
 from diffill.lsp_server.http.http_server import (
@@ -37,7 +37,7 @@ from diffill.lsp_server.http.http_server import (
     log_target,
     parse_request,
 )
-from diffill.model.engine import Engine
+from diffill.model.engine import Engine, EngineAsk
 
 PROMPT = "def add_numbers(a, b):\n    total = a + b\n    return "
 SUFFIX = "\n\n\ndef greet_user(name):\n    message = \"hello \" + name\n"
@@ -152,7 +152,7 @@ async def test_response_shape_and_consistency_with_the_lsp_text_path(serve, back
     # the same text path as the language server: context -> model -> post-processing
     opts = msgspec.structs.replace(OPTS, max_tokens=16)
     completer = Completer(backend, opts)
-    res = completer.run(PROMPT + SUFFIX, len(PROMPT), n=1)
+    res = completer.run(PROMPT + SUFFIX, len(PROMPT))
     assert [s.text for s in res.suggestions] == ["total"]
     u = out["usage"]
     assert u["prompt_tokens"] == res.context.prefix_tokens + res.context.suffix_tokens > 0
@@ -167,11 +167,11 @@ async def test_healing_header_turns_server_side_token_healing_off(serve, backend
     body = {"prompt": PROMPT, "suffix": SUFFIX, "max_tokens": 16}
     _, out = await post(client, body, headers={"X-Diffill-Token-Healing": "0"})
     opts = msgspec.structs.replace(OPTS, max_tokens=16, token_healing=False)
-    res = Completer(backend, opts).run(PROMPT + SUFFIX, len(PROMPT), n=1)
+    res = Completer(backend, opts).run(PROMPT + SUFFIX, len(PROMPT))
     assert out["choices"][0]["text"] == res.suggestions[0].text == "total"  # asked from "return "
     assert out["usage"]["prompt_tokens"] == res.context.prefix_tokens + res.context.suffix_tokens
     healed = Completer(backend, msgspec.structs.replace(OPTS, max_tokens=16)).run(
-        PROMPT + SUFFIX, len(PROMPT), n=1)
+        PROMPT + SUFFIX, len(PROMPT))
     assert healed.context.prefix_tokens != res.context.prefix_tokens  # PROMPT ends in a space
 
 
@@ -181,8 +181,8 @@ async def test_raw_stop_and_length(serve, backend):
     _, out = await post(client, base)
     raw = out["choices"][0]["text"]
     res = backend.infill(Completer(backend, msgspec.structs.replace(OPTS, max_tokens=16)).build(
-        PROMPT + SUFFIX, len(PROMPT)), n=1, max_tokens=16, steps=2)
-    assert raw == res[0].text == "total"  # raw: the model's middle untouched, no healing
+        PROMPT + SUFFIX, len(PROMPT)), InfillAsk(n=1, max_tokens=16, steps=2))
+    assert raw == res.candidates[0].text == "total"  # raw: the model's middle untouched, no healing
     _, cut = await post(client, {**base, "stop": ["o", "\u2603"]})
     assert cut["choices"][0]["text"] == "t"
     assert cut["choices"][0]["finish_reason"] == "stop"
@@ -338,8 +338,8 @@ async def test_temperature_samples_and_seed_repeats(serve, backend):
         outs.append(out["choices"][0]["text"])
     assert outs[0] == outs[1]  # the same seed gives the same sample
     sampled = backend.infill(Completer(backend, msgspec.structs.replace(OPTS, max_tokens=8)).build(
-        PROMPT + SUFFIX, len(PROMPT)), n=1, max_tokens=8, steps=2, temperature=1.5, seed=7)
-    assert outs[0] == sampled[0].text  # and the backend's own sample for that seed
+        PROMPT + SUFFIX, len(PROMPT)), InfillAsk(n=1, max_tokens=8, steps=2, temperature=1.5, seed=7))
+    assert outs[0] == sampled.candidates[0].text  # and the backend's own sample for that seed
 
 
 def test_token_sources_never_echo_the_token(tmp_path, monkeypatch):
@@ -797,11 +797,11 @@ async def test_same_greedy_request_gets_the_same_steps_alone_and_under_load(serv
     the engine's request is made (the scripted checkpoint writes the same middle with any
     count, and may finish it in fewer steps than it was given)."""
     small_ids = backend.encode_batch([SMALL["prompt"], SMALL["suffix"]])
-    backend.engine.infill(*small_ids, max_tokens=16, steps=2)
+    backend.engine.infill(EngineAsk(*small_ids, max_tokens=16, steps=2))
     runs = []
     for _ in range(3):
         t0 = time.perf_counter()
-        backend.engine.infill(*small_ids, max_tokens=16, steps=16)
+        backend.engine.infill(EngineAsk(*small_ids, max_tokens=16, steps=16))
         runs.append((time.perf_counter() - t0) * 1000.0)
     budget = 8 * min(runs)
     engine = Engine(backend.engine.lm, budget_ms=budget, max_steps=64)

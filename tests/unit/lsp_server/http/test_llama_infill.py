@@ -54,9 +54,9 @@ class SpyBackend(LocalBackend):
         super().__init__(engine, **kw)
         self.prefixes: list[str] = []
 
-    def infill(self, ctx, **kw):
+    def infill(self, ctx, ask):
         self.prefixes.append(ctx.prefix)
-        return super().infill(ctx, **kw)
+        return super().infill(ctx, ask)
 
 
 @pytest_asyncio.fixture

@@ -16,7 +16,7 @@ from diffill.model.config import ModelConfig
 from diffill.model.decoder.loop import InfillRequest, check_request, infill
 from diffill.model.decoder.reference import infill_reference
 from diffill.model.decoder.spec import Infill, InfillCancelled, SamplerConfig
-from diffill.model.engine import Engine, EngineOptions, default_sampler
+from diffill.model.engine import Engine, EngineAsk, EngineOptions, default_sampler
 from diffill.model.limits import MAX_DRAFTS
 from diffill.model.loader import LoadedModel
 from diffill.model.recipes import CanvasRecipe
@@ -270,13 +270,13 @@ def make_lm(shift: bool = False):
 
 def test_engine_keeps_usable_drafts_and_indexes_them():
     eng = Engine(make_lm(), SamplerConfig(steps=3))
-    req = eng.make_request([1, 2], [3], lengths=(4,),
-                           drafts=[[5], [], [5], [T_EOS], [1, 2, 3, 4], [TV], [6], [7], [8], [9]])
+    req = eng.make_request(EngineAsk([1, 2], [3], lengths=(4,),
+                           drafts=[[5], [], [5], [T_EOS], [1, 2, 3, 4], [TV], [6], [7], [8], [9]]))
     assert req.drafts == ((5,), (6,), (7,), (8,))[:MAX_DRAFTS]
-    assert req.wanted == 1 and eng.make_request([1], [], lengths=(4,), candidates=3).wanted == 3
+    assert req.wanted == 1 and eng.make_request(EngineAsk([1], [], lengths=(4,), candidates=3)).wanted == 3
     # candidates index the drafts as given (the empty one left out still counts)
-    res = Engine(make_lm(), SamplerConfig(steps=3, draft_ratio=0.0)).infill(
-        [1, 2], [3], lengths=(4,), drafts=[[], [5, 6]])
+    res = Engine(make_lm(), SamplerConfig(steps=3, draft_ratio=0.0)).infill(EngineAsk(
+        [1, 2], [3], lengths=(4,), drafts=[[], [5, 6]]))
     assert [(r.ids, r.draft, r.verified) for r in res] == [([5, 6], 1, True)]
 
 
@@ -301,7 +301,7 @@ def test_engine_batches_with_drafts_equal_each_alone(opts):
     drafts = [[(own_answer(lm.model, lm.config, p, s, replace(sc, lengths=lens))
                 or [20])[: max(lens) - 1]] for p, s, lens in reqs]
     drafts[1] = [[21, 22]]
-    out = one_batch(eng, [lambda r=r, d=d: eng.infill(r[0], r[1], lengths=r[2], drafts=d)
+    out = one_batch(eng, [lambda r=r, d=d: eng.infill(EngineAsk(r[0], r[1], lengths=r[2], drafts=d))
                           for r, d in zip(reqs, drafts, strict=True)])
     assert eng.stats()["batches"] == 1
     assert any(r.verified for got in out for r in got)
@@ -318,7 +318,7 @@ def test_engine_batches_with_drafts_equal_each_alone(opts):
 def test_engine_cancelled_request_with_drafts():
     eng = Engine(make_lm(), SamplerConfig(steps=4, draft_ratio=1e-3))
     with pytest.raises(InfillCancelled):
-        eng.infill([1, 2], [3], lengths=(4,), drafts=[[5, 6]], cancel=lambda: True)
+        eng.infill(EngineAsk([1, 2], [3], lengths=(4,), drafts=[[5, 6]], cancel=lambda: True))
 
 
 def test_dreamon_verifies_drafts_on_a_fixed_canvas():
@@ -329,10 +329,10 @@ def test_dreamon_verifies_drafts_on_a_fixed_canvas():
     lm = LoadedModel(model=model, tokenizer=None, config=c, path=Path("."), provenance={},
                      device=torch.device("cpu"), dtype=torch.float32)
     eng = Engine(lm, SamplerConfig(steps=8, draft_ratio=0.5))
-    res = eng.infill(DPRE, DSUF, lengths=(4,), drafts=[[A_, B_]])
+    res = eng.infill(EngineAsk(DPRE, DSUF, lengths=(4,), drafts=[[A_, B_]]))
     assert [(r.ids, r.verified, r.steps) for r in res] == [([A_, B_], True, 1)]
     assert model.seen == [4, 4]  # one forward: the probe's row of the longest length, the draft's
-    res = eng.infill(DPRE, DSUF, lengths=(4,), drafts=[[C_]])
+    res = eng.infill(EngineAsk(DPRE, DSUF, lengths=(4,), drafts=[[C_]]))
     assert res[0].ids == [A_, B_] and not res[0].verified and len(model.seen) > 2
 
 
@@ -352,13 +352,13 @@ def test_dreamon_requests_share_a_batch():
     lm = LoadedModel(model=model, tokenizer=None, config=c, path=Path("."), provenance={},
                      device=torch.device("cpu"), dtype=torch.float32)
     eng = Engine(lm, SamplerConfig(steps=8, draft_ratio=0.5))
-    alone = eng.infill(DPRE, DSUF, lengths=(2,))
+    alone = eng.infill(EngineAsk(DPRE, DSUF, lengths=(2,)))
     steps = len(rows_per_forward)
     assert rows_per_forward == [1] * steps
     rows_per_forward.clear()
-    out = one_batch(eng, [lambda: eng.infill(DPRE, DSUF, lengths=(2,)),
-                          lambda: eng.infill(DPRE, DSUF, lengths=(2,)),
-                          lambda: eng.infill(DPRE, DSUF, lengths=(4,), drafts=[[A_, B_]])])
+    out = one_batch(eng, [lambda: eng.infill(EngineAsk(DPRE, DSUF, lengths=(2,))),
+                          lambda: eng.infill(EngineAsk(DPRE, DSUF, lengths=(2,))),
+                          lambda: eng.infill(EngineAsk(DPRE, DSUF, lengths=(4,), drafts=[[A_, B_]]))])
     assert eng.stats()["batches"] == 2  # the alone request, then the three together
     assert [[r.ids for r in got] for got in out[:2]] == [[r.ids for r in alone]] * 2
     assert [(r.ids, r.verified) for r in out[2]] == [([A_, B_], True)]
