@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from ...model.limits import RECIPE_NAMES
 
@@ -86,6 +87,20 @@ def one_malloc_arena() -> bool:
         return bool(libc.mallopt(M_ARENA_MAX, 1))
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
         return False
+
+
+def server_process(args: argparse.Namespace, command: str) -> bool:
+    """What ``serve`` and ``serve-http`` do before anything starts: check ``--threads`` (False
+    after an error line naming ``command``), pass it on (:func:`threads_to_env`), keep one malloc
+    arena (:func:`one_malloc_arena`) and never connect to a model hub (only ``pull`` does)."""
+    err = check_threads(args)
+    if err:
+        print(f"diffill {command}: {err}", file=sys.stderr)
+        return False
+    threads_to_env(args)
+    one_malloc_arena()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return True
 
 
 def configure_threads(args: argparse.Namespace, device: object) -> None:

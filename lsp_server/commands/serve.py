@@ -14,9 +14,7 @@ from . import (
     add_device_option,
     add_recipe_option,
     add_threads_option,
-    check_threads,
-    one_malloc_arena,
-    threads_to_env,
+    server_process,
 )
 
 
@@ -76,13 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if errors:
         print("diffill serve: " + "; ".join(flag_errors(raw) or errors), file=sys.stderr)
         return 2
-    err = check_threads(args)
-    if err:
-        print(f"diffill serve: {err}", file=sys.stderr)
+    if not server_process(args, "serve"):
         return 2
-    threads_to_env(args)
-    one_malloc_arena()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
     hostport = None
     if args.tcp:
         try:

@@ -20,9 +20,7 @@ from . import (
     add_device_option,
     add_recipe_option,
     add_threads_option,
-    check_threads,
-    one_malloc_arena,
-    threads_to_env,
+    server_process,
 )
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -148,13 +146,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("diffill serve-http needs aiohttp: pip install 'diffill[http]'", file=sys.stderr)
         return 2
-    err = check_threads(args)
-    if err:
-        print(f"diffill serve-http: {err}", file=sys.stderr)
+    if not server_process(args, "serve-http"):
         return 2
-    threads_to_env(args)
-    one_malloc_arena()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
     from ..http.http_server import (  # needs aiohttp (above)
         HttpConfig,
         HttpFront,
