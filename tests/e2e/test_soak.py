@@ -27,20 +27,14 @@ from typing import Any
 
 import pytest
 from _lsp_raw import SERVE, RawClient, end_position, rss_kib
+from support.scripts import load_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REQUESTS = int(os.environ.get("DIFFILL_SOAK_REQUESTS", "10000"))
 OPTIONS = {"diffill": {"steps": 1, "maxTokens": 4, "numCandidates": 1, "contextTokens": 96}}
 FILLER = "".join(f"# filler line {i}: constants = [{i}, {i * 7 % 13}]\n" for i in range(40))
-TEMPLATES = [
-    "def add_numbers(a, b):\n    total = a + b\n    return ",
-    "def greet_user(name):\n    message = ",
-    "def square_list(values):\n    result = ",
-    "def is_even(number):\n    return number ",
-    "def celsius_to_kelvin(celsius):\n    kelvin = ",
-    "def reverse_words(sentence):\n    words = ",
-]
+TEMPLATES = load_script("loadtest_http").TEMPLATES[:6]  # the load test's buffers, its first six
 CANCELLED = -32800
 
 

@@ -7,29 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("loadtest_http", ROOT / "scripts" / "loadtest_http.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-lt = _load_script()
+lt = load_script("loadtest_http")
 
 
 def answer(prompt: str, steps: int) -> str:
