@@ -155,12 +155,8 @@ def run(args: argparse.Namespace) -> int:
     threads_to_env(args)
     one_malloc_arena()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serving never connects (only diffill pull does)
-    from ..http.http_server import (  # needs aiohttp (above)
-        HttpConfig,
-        HttpFront,
-        ListenError,
-        serve,
-    )
+    from ..http.http_connection import HttpConfig, ListenError, serve  # needs aiohttp (above)
+    from ..http.http_server import HttpFront  # needs aiohttp (above)
 
     raw: dict[str, object] = {"modelPath": args.model, "device": args.device}
     if args.recipe is not None:

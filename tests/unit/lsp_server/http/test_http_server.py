@@ -28,15 +28,9 @@ from aiohttp import ClientSession
 from diffill.lsp_server.backend.backends import InfillAsk, LocalBackend, load_local_backend
 from diffill.lsp_server.completion.completer import Completer
 from diffill.lsp_server.completion.options import CompletionOptions
-from diffill.lsp_server.http.http_server import (
-    HttpConfig,
-    HttpFront,
-    Listener,
-    RequestError,
-    cut_at_stop,
-    log_target,
-    parse_request,
-)
+from diffill.lsp_server.http.http_connection import HttpConfig, Listener
+from diffill.lsp_server.http.http_server import HttpFront
+from diffill.lsp_server.http.http_wire import RequestError, cut_at_stop, log_target, parse_request
 from diffill.model.engine import Engine, EngineAsk
 
 PROMPT = "def add_numbers(a, b):\n    total = a + b\n    return "
