@@ -105,8 +105,7 @@ class OpenAICompletions:
                 front.check_cost(fills)
                 results = await front.execute(request, fills, t0)
         except RequestError as e:
-            if e.status not in (429, 499):
-                front.count(f"http_{e.status}")
+            front.count_error(e)
             return error_response(e, rid)
         answer = self.openai_answer(req, fills, results, model_name, rid)
         if req.stream:

@@ -229,6 +229,13 @@ class HttpFront:
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
+    def count_error(self, err: RequestError) -> None:
+        """Count an error answer as ``http_<status>``, but 429 and 499: those are counted
+        where they happen (``rejected_429`` by :meth:`check_queue`, ``client_gone`` by
+        :meth:`execute`). Every route's handler counts its errors through here."""
+        if err.status not in (429, 499):
+            self.count(f"http_{err.status}")
+
     def retry_after_s(self) -> int:
         """Seconds a rejected client should wait: queue length x mean latency."""
         lat = list(self.latencies)
@@ -500,8 +507,7 @@ class HttpFront:
                 self.check_ready()
                 self.check_queue()
         except RequestError as e:
-            if e.status != 429:
-                self.count(f"http_{e.status}")
+            self.count_error(e)
             resp = self.error_for(request, e)
             resp.force_close()
             return resp

@@ -40,7 +40,7 @@ class StatusRoutes:
         try:
             front.check_auth(request)
         except RequestError as e:
-            front.count(f"http_{e.status}")
+            front.count_error(e)
             return error_response(e, request_id(request))
         data = [self.model_object(name) for name in (front.config.model_names or ["diffill"])]
         return Reply(body=msgspec.json.encode({"object": "list", "data": data}),
@@ -57,7 +57,7 @@ class StatusRoutes:
                 raise RequestError(404, f"the model asked for is not served here (served: "
                                    f"{', '.join(names)})", param="model", code="model_not_found")
         except RequestError as e:
-            front.count(f"http_{e.status}")
+            front.count_error(e)
             return error_response(e, request_id(request))
         return Reply(body=msgspec.json.encode(self.model_object(name)),
                      content_type="application/json", headers={"X-Request-Id": request_id(request)})
