@@ -14,11 +14,8 @@ loaded, disabled, superseded by a newer request or a document change), an
 InvalidParams error (position outside the document) or RequestCancelled (-32800,
 after ``$/cancelRequest``).
 
-A request that arrives while the model loads waits for the load (:meth:`DiffillServer.
-wait_for_load`) instead of being answered empty, so the keystroke that opened the file
-still gets its suggestion: at most ``LOAD_WAIT_S`` seconds, cancelled by
-``$/cancelRequest`` (or a shutdown), and superseded by a newer request of the same kind on
-the same document (latest wins: the older one is answered empty at once). Meanwhile
+The model is loaded, and a request that arrives meanwhile waits for the load, in
+:mod:`.loading` (:class:`.loading.ModelLoad`, held as ``DiffillServer.model``); meanwhile
 ``diffill/status`` says ``loading`` and ``$/progress`` shows the load.
 
 Per-request log lines are DEBUG; INFO is kept for lifecycle events (model loaded, ...).
@@ -26,11 +23,6 @@ Per-request log lines are DEBUG; INFO is kept for lifecycle events (model loaded
 Buffer contents are never logged unless the server runs with ``--debug-log-buffers``.
 An error answer logs one line (WARNING; ERROR for an internal error), its traceback only
 with ``--debug`` (:mod:`.jsonrpc`). Handlers, levels and the redaction: :mod:`.server_log`.
-
-Test hook: the environment variable ``DIFFILL_DEBUG_LOAD_DELAY_MS=N`` makes every model
-load wait N ms on the worker thread before it starts, so end-to-end tests can act while
-the model is still loading (an editor closed right after opening a file). Never set it
-in normal use.
 """
 
 from __future__ import annotations
@@ -38,9 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +41,14 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from ... import __version__
-from ..backend.backends import BACKENDS, Backend, BackendError
-from ..completion.completer import Completer, CompletionAsk, CompletionResult, Suggestion
+from ..backend.backends import BackendError
+from ..completion.completer import CompletionAsk, CompletionResult, Suggestion
 from ..completion.options import CompletionOptions, options_from
 from . import jsonrpc
 from .documents import OpenDocuments, Prepared, encoding_name
 from .items import completion_items, inline_items
 from .jsonrpc import DiffillProtocol, log_error
+from .loading import ModelLoad
 from .scheduler import LatencyStats, Scheduler, Superseded, TypeaheadCache
 from .workspace_sync import WorkspaceSync
 
@@ -68,17 +59,6 @@ TRIGGER_CHARACTERS = [".", "(", "[", "{", ","]
 RELOAD_FIELDS = ("backend", "model_path", "recipe", "device", "max_steps", "remote_url", "remote_model",
                  "api_key_env", "remote_timeout_ms", "remote_retries")
 """Options whose change means building the backend again."""
-LOAD_DELAY_ENV = "DIFFILL_DEBUG_LOAD_DELAY_MS"
-LOAD_WAIT_S = 20.0
-"""Longest a request that arrives while the model loads waits for the load."""
-
-
-def debug_load_delay() -> float:
-    """Seconds from ``DIFFILL_DEBUG_LOAD_DELAY_MS`` (test hook; 0 when unset or bad)."""
-    try:
-        return max(0.0, float(os.environ.get(LOAD_DELAY_ENV, "0")) / 1000.0)
-    except ValueError:
-        return 0.0
 
 
 @dataclass(frozen=True)
@@ -110,18 +90,13 @@ class DiffillServer(LanguageServer):
         )
         self.options = defaults or CompletionOptions()
         self.debug_log_buffers = debug_log_buffers
-        self.backend: Backend | None = None
-        self.completer: Completer | None = None
-        self.load_error: str | None = None
-        self.loading = False
         self.scheduler = Scheduler()
+        self.model = ModelLoad(self, lambda: self.options, self.scheduler)  # :mod:`.loading`
         self.cache = TypeaheadCache()
         self.stats = LatencyStats()
-        self._load_task: asyncio.Task[None] | None = None
         self.documents = OpenDocuments(lambda: self.workspace, lambda: self.options)
         self.last_context: dict[str, Any] | None = None
         self._last_error_shown: str | None = None
-        self._load_waiters: dict[str, asyncio.Future[None]] = {}  # key -> the waiting request's
         self.workspace_sync = WorkspaceSync(lambda: self.options)  # index, ring (:mod:`.workspace_sync`)
 
     def start_io(self, stdin: Any = None, stdout: Any = None) -> None:
@@ -166,117 +141,14 @@ class DiffillServer(LanguageServer):
             kind = types.MessageType.Warning if "unknown option" in msg else types.MessageType.Error
             log.warning("%s", msg)
             self.window_show_message(types.ShowMessageParams(type=kind, message=msg))
-        if self.completer is not None:
-            self.completer.options = self.options
+        if self.model.completer is not None:
+            self.model.completer.options = self.options
         self.cache = TypeaheadCache()
         changed = any(getattr(old, f) != getattr(self.options, f) for f in RELOAD_FIELDS)
-        if changed and (self.backend is not None or self.load_error is not None or self.loading):
-            self.start_loading()
+        model = self.model
+        if changed and (model.backend is not None or model.error is not None or model.loading):
+            model.start()
 
-    def start_loading(self) -> None:
-        if self._load_task is not None and not self._load_task.done():
-            self._load_task.cancel()
-        self._load_task = asyncio.ensure_future(self.load())
-
-    def load_pending(self) -> bool:
-        """True while a model load has been started and has not finished."""
-        return self._load_task is not None and not self._load_task.done()
-
-    async def wait_for_load(self, key: str) -> bool:
-        """Wait (at most ``LOAD_WAIT_S``) for the model load in progress; False when a newer
-        request with the same ``key`` superseded this one meanwhile. The load itself is not
-        cancelled when the waiting request is ($/cancelRequest raises here)."""
-        loop = asyncio.get_running_loop()
-        older = self._load_waiters.get(key)
-        if older is not None and not older.done():
-            older.set_result(None)  # latest wins: the older request is answered empty now
-        mine: asyncio.Future[None] = loop.create_future()
-        self._load_waiters[key] = mine
-        deadline = loop.time() + LOAD_WAIT_S
-        try:
-            # A reload (settings changed) replaces the task: wait for the new one.
-            while self.completer is None and self.load_pending() and not mine.done():
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                task = self._load_task
-                assert task is not None
-                await asyncio.wait({task, mine}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if self._load_waiters.get(key) is mine:
-                del self._load_waiters[key]
-        return not mine.done()
-
-    def _supports_progress(self) -> bool:
-        caps = self.client_capabilities
-        return bool(caps and caps.window and caps.window.work_done_progress)
-
-    async def load(self) -> None:
-        """Load the configured model on the worker thread, with $/progress when the
-        client supports it; a failure is shown to the user and leaves the server up."""
-        opts = self.options
-        name = opts.remote_url if opts.backend == "openai" else (opts.model_path or "the default model")
-        self.loading, self.backend, self.completer, self.load_error = True, None, None, None
-        token = await self._progress_begin(f"loading {name} on {opts.device}")
-        t0 = time.perf_counter()
-        try:
-            factory = BACKENDS[opts.backend]
-
-            def work() -> Backend:
-                delay = debug_load_delay()
-                if delay:
-                    time.sleep(delay)
-                backend = factory(opts.model_path, opts.device, max_steps=opts.max_steps, options=opts)
-                backend.warmup()
-                return backend
-
-            backend = await self.scheduler.call(work)
-        except asyncio.CancelledError:
-            self._progress_end(token, "cancelled")
-            raise
-        except Exception as e:
-            self.load_error = f"cannot load model {name}: {type(e).__name__}: {e}"
-            log.error("%s", self.load_error)
-            self.window_show_message(
-                types.ShowMessageParams(type=types.MessageType.Error, message=f"diffill: {self.load_error}")
-            )
-            self._progress_end(token, "failed")
-        else:
-            self.backend = backend
-            self.completer = Completer(backend, self.options)
-            log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, backend.describe())
-            self._progress_end(token, "model loaded")
-        finally:
-            self.loading = False
-
-    async def _progress_begin(self, message: str) -> str | None:
-        if not self._supports_progress():
-            return None
-        token = f"diffill-load-{uuid.uuid4().hex[:8]}"
-        # asyncio.wait, not wait_for: Python 3.11's wait_for drops a cancel that arrives as
-        # the answer does, and the cancelled load would go on (at exit, or after a reload).
-        create = asyncio.ensure_future(self.work_done_progress.create_async(token))
-        try:
-            done, _ = await asyncio.wait({create}, timeout=5.0)
-        finally:
-            if not create.done():
-                create.cancel()
-        if not done:
-            log.info("no progress token: the client did not answer in 5 s")
-            return None
-        if create.cancelled():  # by pygls, at a shutdown request
-            return None
-        if create.exception() is not None:  # the client refused
-            log.info("no progress token: %s", create.exception())
-            return None
-        self.work_done_progress.begin(
-            token, types.WorkDoneProgressBegin(title="diffill", message=message, cancellable=False)
-        )
-        return token
-
-    def _progress_end(self, token: str | None, message: str) -> None:
-        if token is not None:
-            self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
 
     # ----------------------------------------------------------------- suggestions
     def cached(self, prep: Prepared, n: int) -> list[Suggestion] | None:
@@ -303,13 +175,13 @@ class DiffillServer(LanguageServer):
             self.stats.count("cache_hits")
             self.stats.add((time.perf_counter() - t0) * 1000.0)
             return hit
-        if self.completer is None and self.options.enabled and self.load_pending():
+        if self.model.completer is None and self.options.enabled and self.model.pending():
             self.stats.count("waited_for_load")
-            if not await self.wait_for_load(f"{kind} {prep.uri}"):
+            if not await self.model.wait(f"{kind} {prep.uri}"):
                 self.stats.count("superseded")
                 return None
             t0 = time.perf_counter()  # latencies count the completion, not the wait for the load
-        completer = self.completer
+        completer = self.model.completer
         if completer is None or not self.options.enabled:
             self.stats.count("not_ready" if completer is None else "disabled")
             return []
@@ -418,16 +290,17 @@ class DiffillServer(LanguageServer):
         return types.MarkupKind.Markdown in fmts
 
     def status(self) -> dict[str, Any]:
-        desc = self.backend.describe() if self.backend is not None else {}
+        backend = self.model.backend
+        desc = backend.describe() if backend is not None else {}
         return {
             "version": __version__,
             "model": desc.get("model") or self.options.model_path,
             "family": desc.get("family"),
             "device": desc.get("device") or self.options.device,
             "backend": self.options.backend,
-            "loaded": self.backend is not None,
-            "loading": self.loading,
-            "error": self.load_error,
+            "loaded": backend is not None,
+            "loading": self.model.loading,
+            "error": self.model.error,
             "model_calls": desc.get("model_calls"),
             "engine_cancelled": desc.get("engine_cancelled"),
             # requests that started from their document's kept context / computed it in full
@@ -469,15 +342,15 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
 
     @server.feature(types.INITIALIZED)
     def initialized(ls: DiffillServer, params: types.InitializedParams) -> None:
-        ls.start_loading()
+        ls.model.start()
         asyncio.ensure_future(ls.workspace_sync.start(ls))  # the index builds on its own thread
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: DiffillServer, params: None) -> None:
         # pygls then cancels the requests in flight (answered RequestCancelled; a model
         # step in flight stops at its next cancel check)
-        if ls._load_task is not None:
-            ls._load_task.cancel()  # a load not begun yet never starts, one running is dropped
+        if ls.model.task is not None:
+            ls.model.task.cancel()  # a load not begun yet never starts, one running is dropped
         ls.scheduler.shutdown()
         ls.workspace_sync.shutdown()
 
