@@ -9,7 +9,8 @@ import os
 import sys
 
 from ..completion.options import CompletionOptions, flag_errors, merge_options
-from ..protocol.server import create_server, setup_logging
+from ..protocol.server import create_server
+from ..protocol.server_log import setup_logging
 from . import (
     add_device_option,
     add_recipe_option,

@@ -148,12 +148,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not server_process(args, "serve-http"):
         return 2
-    from ..http.http_server import (  # needs aiohttp (above)
-        HttpConfig,
-        HttpFront,
-        ListenError,
-        serve,
-    )
+    from ..http.http_connection import HttpConfig, ListenError, serve  # needs aiohttp (above)
+    from ..http.http_server import HttpFront  # needs aiohttp (above)
 
     raw: dict[str, object] = {"modelPath": args.model, "device": args.device}
     if args.recipe is not None:

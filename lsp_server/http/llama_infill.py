@@ -346,8 +346,7 @@ class LlamaInfill:
                 front.check_cost([fill])
                 [result] = await front.execute(request, [fill], t0)
         except RequestError as e:
-            if e.status not in (429, 499):
-                front.count(f"http_{e.status}")
+            front.count_error(e)
             return llama_error(e, rid)
         answer = self.answer(req, fill, result, model_name, cached[0])
         if front.config.debug_log_buffers:
@@ -465,7 +464,7 @@ class LlamaInfill:
             front.check_auth(request)
             front.check_ready()
         except RequestError as e:
-            front.count(f"http_{e.status}")
+            front.count_error(e)
             return llama_error(e, rid)
         backend = front.backend
         assert backend is not None

@@ -5,7 +5,8 @@ Features: ``textDocument/completion`` (items with ``textEdit`` + ``filterText``)
 utf-16 / utf-32 positions, ``workspace/didChangeConfiguration``, and the custom
 request ``diffill/status``.
 
-Handlers are glue: resolve the document and position (:meth:`DiffillServer.prepare`),
+Handlers are glue: resolve the document and position (:meth:`.documents.OpenDocuments.prepare`;
+the open documents and what a request borrows from the others are :mod:`.documents`'s),
 get suggestions (:meth:`DiffillServer.suggest`: typed-ahead cache, then the model on
 the scheduler's worker thread with latest-wins cancellation), convert them
 (:mod:`.items`). Requests always get an answer: a result, an empty result (model not
@@ -13,23 +14,15 @@ loaded, disabled, superseded by a newer request or a document change), an
 InvalidParams error (position outside the document) or RequestCancelled (-32800,
 after ``$/cancelRequest``).
 
-A request that arrives while the model loads waits for the load (:meth:`DiffillServer.
-wait_for_load`) instead of being answered empty, so the keystroke that opened the file
-still gets its suggestion: at most ``LOAD_WAIT_S`` seconds, cancelled by
-``$/cancelRequest`` (or a shutdown), and superseded by a newer request of the same kind on
-the same document (latest wins: the older one is answered empty at once). Meanwhile
+The model is loaded, and a request that arrives meanwhile waits for the load, in
+:mod:`.loading` (:class:`.loading.ModelLoad`, held as ``DiffillServer.model``); meanwhile
 ``diffill/status`` says ``loading`` and ``$/progress`` shows the load.
 
 Per-request log lines are DEBUG; INFO is kept for lifecycle events (model loaded, ...).
 
 Buffer contents are never logged unless the server runs with ``--debug-log-buffers``.
 An error answer logs one line (WARNING; ERROR for an internal error), its traceback only
-with ``--debug`` (:mod:`.jsonrpc`).
-
-Test hook: the environment variable ``DIFFILL_DEBUG_LOAD_DELAY_MS=N`` makes every model
-load wait N ms on the worker thread before it starts, so end-to-end tests can act while
-the model is still loading (an editor closed right after opening a file). Never set it
-in normal use.
+with ``--debug`` (:mod:`.jsonrpc`). Handlers, levels and the redaction: :mod:`.server_log`.
 """
 
 from __future__ import annotations
@@ -37,28 +30,25 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import time
-import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from lsprotocol import types
-from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
+from pygls.exceptions import FeatureRequestError
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from ... import __version__
-from ..backend.backends import BACKENDS, Backend, BackendError
-from ..completion.completer import Completer, CompletionAsk, CompletionResult, Suggestion
+from ..backend.backends import BackendError
+from ..completion.completer import CompletionAsk, CompletionResult, Suggestion
 from ..completion.options import CompletionOptions, options_from
-from ..text.context import Snippet
 from . import jsonrpc
-from .encoding import LineIndex, PositionError
+from .documents import OpenDocuments, Prepared, encoding_name
 from .items import completion_items, inline_items
 from .jsonrpc import DiffillProtocol, log_error
+from .loading import ModelLoad
 from .scheduler import LatencyStats, Scheduler, Superseded, TypeaheadCache
 from .workspace_sync import WorkspaceSync
 
@@ -66,47 +56,9 @@ log = logging.getLogger("diffill.server")
 
 STATUS_METHOD = "diffill/status"
 TRIGGER_CHARACTERS = [".", "(", "[", "{", ","]
-EXTRA_SNIPPET_LINES = 12
-EXTRA_MAX_DOCS = 3
 RELOAD_FIELDS = ("backend", "model_path", "recipe", "device", "max_steps", "remote_url", "remote_model",
                  "api_key_env", "remote_timeout_ms", "remote_retries")
 """Options whose change means building the backend again."""
-LOAD_DELAY_ENV = "DIFFILL_DEBUG_LOAD_DELAY_MS"
-LOAD_WAIT_S = 20.0
-"""Longest a request that arrives while the model loads waits for the load."""
-
-
-def debug_load_delay() -> float:
-    """Seconds from ``DIFFILL_DEBUG_LOAD_DELAY_MS`` (test hook; 0 when unset or bad)."""
-    try:
-        return max(0.0, float(os.environ.get(LOAD_DELAY_ENV, "0")) / 1000.0)
-    except ValueError:
-        return 0.0
-
-
-@dataclass
-class Prepared:
-    """A request resolved against one document version (code-point coordinates).
-
-    ``text``/``offset`` are what the model completes: the document, or, with a selected
-    completion item, the document with that item's text in place of its range.
-    ``start``/``end`` is the line range the answer replaces (both the cursor column
-    unless an item is selected) and ``lead`` the selected item's text."""
-
-    uri: str
-    version: int | None
-    row: int
-    col: int
-    line: str
-    text: str
-    offset: int
-    line_prefix: str
-    line_suffix: str
-    start: int
-    end: int
-    lead: str
-    language: str | None
-    path: str | None
 
 
 @dataclass(frozen=True)
@@ -120,8 +72,6 @@ class Answered:
     model_ms: float = 0.0
 
 
-DRAFT_MAX_DOCS = 8
-DRAFT_MAX_CHARS = 200_000
 
 
 def context_digest(prefix: str, suffix: str) -> str:
@@ -132,10 +82,6 @@ def context_digest(prefix: str, suffix: str) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def _encoding_name(enc: Any) -> str:
-    return str(getattr(enc, "value", enc) or "utf-16")
-
-
 class DiffillServer(LanguageServer):
     def __init__(self, defaults: CompletionOptions | None = None, *, debug_log_buffers: bool = False) -> None:
         super().__init__(
@@ -144,19 +90,13 @@ class DiffillServer(LanguageServer):
         )
         self.options = defaults or CompletionOptions()
         self.debug_log_buffers = debug_log_buffers
-        self.backend: Backend | None = None
-        self.completer: Completer | None = None
-        self.load_error: str | None = None
-        self.loading = False
         self.scheduler = Scheduler()
+        self.model = ModelLoad(self, lambda: self.options, self.scheduler)  # :mod:`.loading`
         self.cache = TypeaheadCache()
         self.stats = LatencyStats()
-        self.recent: OrderedDict[str, int] = OrderedDict()  # uri -> row of its last edit
-        self._load_task: asyncio.Task[None] | None = None
-        self._index: dict[str, tuple[int | None, LineIndex]] = {}
+        self.documents = OpenDocuments(lambda: self.workspace, lambda: self.options)
         self.last_context: dict[str, Any] | None = None
         self._last_error_shown: str | None = None
-        self._load_waiters: dict[str, asyncio.Future[None]] = {}  # key -> the waiting request's
         self.workspace_sync = WorkspaceSync(lambda: self.options)  # index, ring (:mod:`.workspace_sync`)
 
     def start_io(self, stdin: Any = None, stdout: Any = None) -> None:
@@ -201,209 +141,14 @@ class DiffillServer(LanguageServer):
             kind = types.MessageType.Warning if "unknown option" in msg else types.MessageType.Error
             log.warning("%s", msg)
             self.window_show_message(types.ShowMessageParams(type=kind, message=msg))
-        if self.completer is not None:
-            self.completer.options = self.options
+        if self.model.completer is not None:
+            self.model.completer.options = self.options
         self.cache = TypeaheadCache()
         changed = any(getattr(old, f) != getattr(self.options, f) for f in RELOAD_FIELDS)
-        if changed and (self.backend is not None or self.load_error is not None or self.loading):
-            self.start_loading()
+        model = self.model
+        if changed and (model.backend is not None or model.error is not None or model.loading):
+            model.start()
 
-    def start_loading(self) -> None:
-        if self._load_task is not None and not self._load_task.done():
-            self._load_task.cancel()
-        self._load_task = asyncio.ensure_future(self.load())
-
-    def load_pending(self) -> bool:
-        """True while a model load has been started and has not finished."""
-        return self._load_task is not None and not self._load_task.done()
-
-    async def wait_for_load(self, key: str) -> bool:
-        """Wait (at most ``LOAD_WAIT_S``) for the model load in progress; False when a newer
-        request with the same ``key`` superseded this one meanwhile. The load itself is not
-        cancelled when the waiting request is ($/cancelRequest raises here)."""
-        loop = asyncio.get_running_loop()
-        older = self._load_waiters.get(key)
-        if older is not None and not older.done():
-            older.set_result(None)  # latest wins: the older request is answered empty now
-        mine: asyncio.Future[None] = loop.create_future()
-        self._load_waiters[key] = mine
-        deadline = loop.time() + LOAD_WAIT_S
-        try:
-            # A reload (settings changed) replaces the task: wait for the new one.
-            while self.completer is None and self.load_pending() and not mine.done():
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                task = self._load_task
-                assert task is not None
-                await asyncio.wait({task, mine}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if self._load_waiters.get(key) is mine:
-                del self._load_waiters[key]
-        return not mine.done()
-
-    def _supports_progress(self) -> bool:
-        caps = self.client_capabilities
-        return bool(caps and caps.window and caps.window.work_done_progress)
-
-    async def load(self) -> None:
-        """Load the configured model on the worker thread, with $/progress when the
-        client supports it; a failure is shown to the user and leaves the server up."""
-        opts = self.options
-        name = opts.remote_url if opts.backend == "openai" else (opts.model_path or "the default model")
-        self.loading, self.backend, self.completer, self.load_error = True, None, None, None
-        token = await self._progress_begin(f"loading {name} on {opts.device}")
-        t0 = time.perf_counter()
-        try:
-            factory = BACKENDS[opts.backend]
-
-            def work() -> Backend:
-                delay = debug_load_delay()
-                if delay:
-                    time.sleep(delay)
-                backend = factory(opts.model_path, opts.device, max_steps=opts.max_steps, options=opts)
-                backend.warmup()
-                return backend
-
-            backend = await self.scheduler.call(work)
-        except asyncio.CancelledError:
-            self._progress_end(token, "cancelled")
-            raise
-        except Exception as e:
-            self.load_error = f"cannot load model {name}: {type(e).__name__}: {e}"
-            log.error("%s", self.load_error)
-            self.window_show_message(
-                types.ShowMessageParams(type=types.MessageType.Error, message=f"diffill: {self.load_error}")
-            )
-            self._progress_end(token, "failed")
-        else:
-            self.backend = backend
-            self.completer = Completer(backend, self.options)
-            log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, backend.describe())
-            self._progress_end(token, "model loaded")
-        finally:
-            self.loading = False
-
-    async def _progress_begin(self, message: str) -> str | None:
-        if not self._supports_progress():
-            return None
-        token = f"diffill-load-{uuid.uuid4().hex[:8]}"
-        # asyncio.wait, not wait_for: Python 3.11's wait_for drops a cancel that arrives as
-        # the answer does, and the cancelled load would go on (at exit, or after a reload).
-        create = asyncio.ensure_future(self.work_done_progress.create_async(token))
-        try:
-            done, _ = await asyncio.wait({create}, timeout=5.0)
-        finally:
-            if not create.done():
-                create.cancel()
-        if not done:
-            log.info("no progress token: the client did not answer in 5 s")
-            return None
-        if create.cancelled():  # by pygls, at a shutdown request
-            return None
-        if create.exception() is not None:  # the client refused
-            log.info("no progress token: %s", create.exception())
-            return None
-        self.work_done_progress.begin(
-            token, types.WorkDoneProgressBegin(title="diffill", message=message, cancellable=False)
-        )
-        return token
-
-    def _progress_end(self, token: str | None, message: str) -> None:
-        if token is not None:
-            self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
-
-    # ----------------------------------------------------------------- documents
-    def line_index(self, uri: str) -> tuple[Any, LineIndex] | None:
-        """(document, LineIndex) for an open document, cached per version; None if unknown."""
-        doc = self.workspace.text_documents.get(uri)
-        if doc is None:
-            return None
-        cached = self._index.get(uri)
-        if cached is None or cached[0] != doc.version or cached[1].source is not doc.source:
-            cached = (doc.version, LineIndex(doc.source))
-            self._index[uri] = cached
-        return doc, cached[1]
-
-    def doc_version(self, uri: str) -> int | None:
-        doc = self.workspace.text_documents.get(uri)
-        return None if doc is None else doc.version
-
-    def note_edit(self, uri: str, row: int) -> None:
-        self.recent[uri] = row
-        self.recent.move_to_end(uri)
-        while len(self.recent) > 32:
-            self.recent.popitem(last=False)
-
-    def forget(self, uri: str) -> None:
-        self.recent.pop(uri, None)
-        self._index.pop(uri, None)
-        self.cache.forget(uri, closed=True)
-
-    def other_documents(self, uri: str) -> list[str]:
-        """Texts of the other open documents for prompt lookup (:mod:`.drafts`): the most
-        recently edited first, at most ``DRAFT_MAX_DOCS`` of them and ``DRAFT_MAX_CHARS``
-        characters each (the end of a longer one is left out)."""
-        if not self.options.drafts:
-            return []
-        docs = self.workspace.text_documents
-        order = [u for u in reversed(self.recent) if u != uri and u in docs]
-        order += [u for u in docs if u != uri and u not in order]
-        return [docs[u].source[:DRAFT_MAX_CHARS] for u in order[:DRAFT_MAX_DOCS]]
-
-    def snippets(self, uri: str) -> list[Snippet]:
-        """Extra context: lines around the last edit of other recently edited open documents."""
-        if not self.options.extra_context:
-            return []
-        out = []
-        for other in reversed(self.recent):
-            if other == uri or len(out) >= EXTRA_MAX_DOCS:
-                continue
-            got = self.line_index(other)
-            if got is None:
-                continue
-            doc, idx = got
-            row = self.recent[other]
-            lo = max(0, row - EXTRA_SNIPPET_LINES)
-            text = "".join(idx.lines[lo: row + EXTRA_SNIPPET_LINES])[:4000]
-            if text.strip():
-                out.append(Snippet(path=doc.filename or other, text=text, language=doc.language_id))
-        return out
-
-    def prepare(
-        self,
-        uri: str,
-        position: types.Position,
-        selected: types.SelectedCompletionInfo | None = None,
-    ) -> Prepared | None:
-        """Resolve a request; None for an unknown document. Raises JsonRpcInvalidParams
-        for a position outside the document."""
-        got = self.line_index(uri)
-        if got is None:
-            return None
-        doc, idx = got
-        enc = _encoding_name(self.workspace.position_encoding)
-        try:
-            cur = idx.resolve(position.line, position.character, enc)
-            start = end = cur.col
-            lead = ""
-            text, offset = idx.source, cur.offset
-            if selected is not None and selected.range.start.line == selected.range.end.line == cur.row:
-                a = idx.resolve(cur.row, selected.range.start.character, enc)
-                b = idx.resolve(cur.row, selected.range.end.character, enc)
-                if a.offset <= b.offset:
-                    start, end, lead = a.col, b.col, selected.text
-                    text = idx.source[: a.offset] + lead + idx.source[b.offset:]
-                    offset = a.offset + len(lead)
-        except PositionError as e:
-            raise JsonRpcInvalidParams(f"{uri}: {e}") from None
-        eff_line = cur.line[:start] + lead + cur.line[end:]
-        cut = start + len(lead)
-        return Prepared(
-            uri=uri, version=doc.version, row=cur.row, col=cur.col, line=cur.line,
-            text=text, offset=offset, line_prefix=eff_line[:cut], line_suffix=eff_line[cut:],
-            start=start, end=end, lead=lead, language=doc.language_id, path=doc.filename,
-        )
 
     # ----------------------------------------------------------------- suggestions
     def cached(self, prep: Prepared, n: int) -> list[Suggestion] | None:
@@ -430,21 +175,21 @@ class DiffillServer(LanguageServer):
             self.stats.count("cache_hits")
             self.stats.add((time.perf_counter() - t0) * 1000.0)
             return hit
-        if self.completer is None and self.options.enabled and self.load_pending():
+        if self.model.completer is None and self.options.enabled and self.model.pending():
             self.stats.count("waited_for_load")
-            if not await self.wait_for_load(f"{kind} {prep.uri}"):
+            if not await self.model.wait(f"{kind} {prep.uri}"):
                 self.stats.count("superseded")
                 return None
             t0 = time.perf_counter()  # latencies count the completion, not the wait for the load
-        completer = self.completer
+        completer = self.model.completer
         if completer is None or not self.options.enabled:
             self.stats.count("not_ready" if completer is None else "disabled")
             return []
-        snippets = self.snippets(prep.uri)
+        snippets = self.documents.snippets(prep.uri)
         doc = self.workspace.text_documents.get(prep.uri)
         full_path = doc.path if doc is not None else None
         self.workspace_sync.visited(prep.uri, full_path, prep.row, prep.language)
-        others = self.other_documents(prep.uri)
+        others = self.documents.other_documents(prep.uri)
         recalled = self.cache.recall(prep.uri) if self.options.drafts else []
         cache, gen = self.cache, self.cache.generation(prep.uri)  # an edit elsewhere bumps gen
 
@@ -454,7 +199,7 @@ class DiffillServer(LanguageServer):
                 return Answered(again)
             t = time.perf_counter()
             ex = self.workspace_sync.extras(prep.uri, full_path, prep.text, prep.offset,
-                                            prep.language, self.open_text)
+                                            prep.language, self.documents.open_text)
             res = completer.run(prep.text, prep.offset, CompletionAsk(n=n, cancel=cancel),
                                 language=prep.language, path=prep.path,
                                 snippets=[*ex.snippets, *snippets], others=others,
@@ -465,7 +210,7 @@ class DiffillServer(LanguageServer):
 
         try:
             got = await self.scheduler.run(
-                f"{kind} {prep.uri}", work, stale=lambda: self.doc_version(prep.uri) != prep.version
+                f"{kind} {prep.uri}", work, stale=lambda: self.documents.doc_version(prep.uri) != prep.version
             )
         except Superseded:
             self.stats.count("superseded")
@@ -493,11 +238,6 @@ class DiffillServer(LanguageServer):
         self.stats.add(total_ms, got.model_ms)
         self._log_result(prep, res, got.model_ms)
         return got.suggestions
-
-    def open_text(self, uri: str) -> str | None:
-        """An open document's text (None when it is not open); any thread may call it."""
-        doc = self.workspace.text_documents.get(uri)
-        return None if doc is None else doc.source
 
     def count_drafts(self, res: CompletionResult) -> None:
         """Draft counters for ``diffill/status``: model requests sent with drafts
@@ -550,22 +290,23 @@ class DiffillServer(LanguageServer):
         return types.MarkupKind.Markdown in fmts
 
     def status(self) -> dict[str, Any]:
-        desc = self.backend.describe() if self.backend is not None else {}
+        backend = self.model.backend
+        desc = backend.describe() if backend is not None else {}
         return {
             "version": __version__,
             "model": desc.get("model") or self.options.model_path,
             "family": desc.get("family"),
             "device": desc.get("device") or self.options.device,
             "backend": self.options.backend,
-            "loaded": self.backend is not None,
-            "loading": self.loading,
-            "error": self.load_error,
+            "loaded": backend is not None,
+            "loading": self.model.loading,
+            "error": self.model.error,
             "model_calls": desc.get("model_calls"),
             "engine_cancelled": desc.get("engine_cancelled"),
             # requests that started from their document's kept context / computed it in full
             "context_reused": desc.get("context_reused"),
             "context_computed": desc.get("context_computed"),
-            "position_encoding": _encoding_name(self.workspace.position_encoding),
+            "position_encoding": encoding_name(self.workspace.position_encoding),
             "last_context": self.last_context,
             "rejected_messages": {str(k): v for k, v in getattr(self.protocol, "rejected", {}).items()},
             "in_flight": len(getattr(self.protocol, "_request_futures", {})),
@@ -601,15 +342,15 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
 
     @server.feature(types.INITIALIZED)
     def initialized(ls: DiffillServer, params: types.InitializedParams) -> None:
-        ls.start_loading()
+        ls.model.start()
         asyncio.ensure_future(ls.workspace_sync.start(ls))  # the index builds on its own thread
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: DiffillServer, params: None) -> None:
         # pygls then cancels the requests in flight (answered RequestCancelled; a model
         # step in flight stops at its next cancel check)
-        if ls._load_task is not None:
-            ls._load_task.cancel()  # a load not begun yet never starts, one running is dropped
+        if ls.model.task is not None:
+            ls.model.task.cancel()  # a load not begun yet never starts, one running is dropped
         ls.scheduler.shutdown()
         ls.workspace_sync.shutdown()
 
@@ -626,7 +367,7 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DiffillServer, params: types.DidOpenTextDocumentParams) -> None:
-        ls.note_edit(params.text_document.uri, 0)
+        ls.documents.note_edit(params.text_document.uri, 0)
         doc = params.text_document  # a visit, for the ring of recent regions (its first lines)
         ls.workspace_sync.visited(doc.uri, to_fs_path(doc.uri), 0, doc.language_id)
 
@@ -634,11 +375,11 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
     def did_change(ls: DiffillServer, params: types.DidChangeTextDocumentParams) -> None:
         last = params.content_changes[-1] if params.content_changes else None
         row = last.range.start.line if isinstance(last, types.TextDocumentContentChangePartial) else 0
-        ls.note_edit(params.text_document.uri, row)
+        ls.documents.note_edit(params.text_document.uri, row)
         ls.cache.invalidate(params.text_document.uri, params.content_changes)
         doc = ls.workspace.text_documents.get(params.text_document.uri)
         if doc is not None:
-            ls.workspace_sync.edited(doc.uri, doc.path, row, doc.language_id, ls.open_text)
+            ls.workspace_sync.edited(doc.uri, doc.path, row, doc.language_id, ls.documents.open_text)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: DiffillServer, params: types.DidSaveTextDocumentParams) -> None:
@@ -652,20 +393,21 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DiffillServer, params: types.DidCloseTextDocumentParams) -> None:
         ls.workspace_sync.closed(params.text_document.uri, to_fs_path(params.text_document.uri))
-        ls.forget(params.text_document.uri)
+        ls.documents.forget(params.text_document.uri)
+        ls.cache.forget(params.text_document.uri, closed=True)
 
     @server.feature(
         types.TEXT_DOCUMENT_COMPLETION,
         types.CompletionOptions(trigger_characters=TRIGGER_CHARACTERS, resolve_provider=False),
     )
     async def completion(ls: DiffillServer, params: types.CompletionParams) -> types.CompletionList:
-        prep = ls.prepare(params.text_document.uri, params.position)
+        prep = ls.documents.prepare(params.text_document.uri, params.position)
         sugg = await ls.suggest(prep, ls.options.num_candidates, "completion") if prep is not None else []
         if not sugg:
             return types.CompletionList(is_incomplete=True, items=[])
         items = completion_items(
             sugg, row=prep.row, col=prep.col, line=prep.line,
-            encoding=_encoding_name(ls.workspace.position_encoding),
+            encoding=encoding_name(ls.workspace.position_encoding),
             markdown=ls.markdown_docs(), language=prep.language,
         )
         return types.CompletionList(is_incomplete=False, items=items)
@@ -675,7 +417,7 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
         ls: DiffillServer, params: types.InlineCompletionParams
     ) -> types.InlineCompletionList:
         ctx = params.context
-        prep = ls.prepare(params.text_document.uri, params.position, ctx.selected_completion_info)
+        prep = ls.documents.prepare(params.text_document.uri, params.position, ctx.selected_completion_info)
         invoked = ctx.trigger_kind == types.InlineCompletionTriggerKind.Invoked
         n = ls.options.num_candidates if invoked else 1
         sugg = await ls.suggest(prep, n, "inline") if prep is not None else []
@@ -683,7 +425,7 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
             return types.InlineCompletionList(items=[])
         items = inline_items(
             sugg, row=prep.row, start=prep.start, end=prep.end, line=prep.line,
-            encoding=_encoding_name(ls.workspace.position_encoding), lead=prep.lead,
+            encoding=encoding_name(ls.workspace.position_encoding), lead=prep.lead,
         )
         return types.InlineCompletionList(items=items)
 
@@ -692,46 +434,3 @@ def create_server(defaults: CompletionOptions | None = None, *, debug_log_buffer
         return ls.status()
 
     return server
-
-
-# ----------------------------------------------------------------------------- logging
-
-
-class RedactBuffers(logging.Filter):
-    """pygls log records keep only scalar arguments and short strings; anything else
-    (message objects, didOpen/didChange params, raw JSON) becomes ``<Type redacted>``,
-    so buffer contents never reach the log."""
-
-    MAX_STR = 200
-
-    def _safe(self, a: Any) -> Any:
-        if a is None or isinstance(a, (bool, int, float)):
-            return a
-        if isinstance(a, str) and len(a) <= self.MAX_STR and '"text"' not in a:
-            return a
-        return f"<{type(a).__name__} redacted>"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name.startswith("pygls") and record.args:
-            if isinstance(record.args, dict):
-                record.args = {k: self._safe(v) for k, v in record.args.items()}
-            else:
-                record.args = tuple(self._safe(a) for a in record.args)
-        return True
-
-
-def setup_logging(log_file: str | None, debug_log_buffers: bool, level: str | None = None) -> None:
-    """Logs to ``log_file`` (or stderr; stdout is the LSP channel) at ``level`` (default
-    INFO). Buffer contents are redacted at every level unless ``debug_log_buffers``
-    (which also means DEBUG). pygls's own records pass only at an explicit DEBUG level, and
-    so do the tracebacks of error answers (:func:`.jsonrpc.log_error`)."""
-    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    if not debug_log_buffers:
-        handler.addFilter(RedactBuffers())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    lvl = logging.DEBUG if debug_log_buffers else getattr(logging, (level or "info").upper())
-    root.setLevel(lvl)
-    if not debug_log_buffers and lvl > logging.DEBUG:
-        logging.getLogger("pygls").setLevel(logging.WARNING)

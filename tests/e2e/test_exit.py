@@ -75,7 +75,7 @@ def assert_exits_quietly(c: RawClient, t0: float, want_rc: int) -> None:
 
 def open_and_complete(c: RawClient) -> int:
     """Open a document and ask for a completion while the model loads: the request waits
-    for the load (``server.wait_for_load``), so it is not answered yet. Its id."""
+    for the load (``loading.ModelLoad.wait``), so it is not answered yet. Its id."""
     c.open(URI, DOC)
     rid = c.completion_async(URI, 1, 11)
     with pytest.raises(AssertionError, match="no answer"):

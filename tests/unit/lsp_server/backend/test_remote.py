@@ -36,7 +36,8 @@ from diffill.lsp_server.backend.remote import (
 )
 from diffill.lsp_server.completion.completer import Completer
 from diffill.lsp_server.completion.options import CompletionOptions
-from diffill.lsp_server.http.http_server import HttpConfig, HttpFront
+from diffill.lsp_server.http.http_connection import HttpConfig
+from diffill.lsp_server.http.http_server import HttpFront
 from diffill.lsp_server.text.context import build_context
 from hypothesis import given
 from hypothesis import strategies as st

@@ -24,7 +24,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
 from diffill.lsp_server.completion.options import CompletionOptions
-from diffill.lsp_server.http.http_server import HttpConfig, HttpFront, Listener
+from diffill.lsp_server.http.http_connection import HttpConfig, Listener
+from diffill.lsp_server.http.http_server import HttpFront
 from diffill.lsp_server.text.fim_prompt import split_fim_prompt
 
 PREFIX = "def add_numbers(a, b):\n    total = a + b\n    return "

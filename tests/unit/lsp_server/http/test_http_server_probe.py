@@ -24,7 +24,8 @@ import pytest_asyncio
 from aiohttp import ClientSession
 from diffill.lsp_server.backend.backends import LocalBackend
 from diffill.lsp_server.completion.options import CompletionOptions
-from diffill.lsp_server.http.http_server import HttpConfig, HttpFront, Listener
+from diffill.lsp_server.http.http_connection import HttpConfig, Listener
+from diffill.lsp_server.http.http_server import HttpFront
 from diffill.model.engine import Engine
 from diffill.model.plan import BucketTiming, plan_from_timings
 

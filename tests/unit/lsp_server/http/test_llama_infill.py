@@ -24,7 +24,9 @@ from aiohttp import ClientSession
 from diffill.lsp_server.backend.backends import LocalBackend
 from diffill.lsp_server.completion.completer import Completer
 from diffill.lsp_server.completion.options import CompletionOptions
-from diffill.lsp_server.http.http_server import HttpConfig, HttpFront, Listener, cut_at_indent
+from diffill.lsp_server.http.http_connection import HttpConfig, Listener
+from diffill.lsp_server.http.http_server import HttpFront
+from diffill.lsp_server.http.http_wire import cut_at_indent
 from diffill.lsp_server.http.llama_infill import TokenCache, pick_fields, timings
 from diffill.lsp_server.text.context import Snippet
 

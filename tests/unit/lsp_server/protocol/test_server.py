@@ -1,37 +1,11 @@
-"""Pure helpers of the language server module: log records never carry buffers; a repeated
-request at the same spot is answered from the typed-ahead cache."""
+"""Pure helpers of the language server module: a repeated request at the same spot is
+answered from the typed-ahead cache."""
 
 from __future__ import annotations
 
 from diffill.lsp_server.completion.completer import Suggestion
-from diffill.lsp_server.protocol.server import DiffillServer, Prepared
-from lsprotocol import types
-
-# -- logging ----------------------------------------------------------------------------------
-
-def test_pygls_log_records_never_carry_buffers():
-    import io
-    import logging
-
-    from diffill.lsp_server.protocol.server import RedactBuffers
-
-    buf = io.StringIO()
-    handler = logging.StreamHandler(buf)
-    handler.addFilter(RedactBuffers())
-    logger = logging.getLogger("pygls.protocol.test_redact")
-    logger.addHandler(handler)
-    logger.propagate = False
-    try:
-        params = types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
-            uri="file:///a.py", language_id="python", version=1, text="SECRET_BUFFER"))
-        logger.warning('Unknown message "%s"', params)
-        logger.warning("raw %s", '{"text": "SECRET_BUFFER"}')
-        logger.warning("id %s method %s", 7, "textDocument/completion")
-    finally:
-        logger.removeHandler(handler)
-    out = buf.getvalue()
-    assert "SECRET_BUFFER" not in out
-    assert "<DidOpenTextDocumentParams redacted>" in out and "id 7 method textDocument/completion" in out
+from diffill.lsp_server.protocol.documents import Prepared
+from diffill.lsp_server.protocol.server import DiffillServer
 
 
 def test_asking_again_at_the_same_spot_is_answered_from_the_cache():
