@@ -10,7 +10,6 @@ import json
 import logging
 import time
 
-import pytest
 from support.http_serving import (
     TOKEN,
     addr,
@@ -20,8 +19,6 @@ from support.http_serving import (
     post,
     raw_exchange,
 )
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 async def test_bearer_token(serve, backend):

@@ -19,8 +19,6 @@ from support.http_serving import (
     post,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 async def test_response_shape_and_consistency_with_the_lsp_text_path(serve, backend):
     client, _ = await serve(backend)

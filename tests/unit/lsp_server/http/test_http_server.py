@@ -41,9 +41,6 @@ from support.http_serving import (
     raw_exchange,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 # ----------------------------------------------------------------------------- validation
 
 

@@ -33,9 +33,6 @@ SUFFIX = "\n\n\ndef greet_user(name):\n    message = \"hello \" + name\n"
 TOKEN = "client-key-42-abcdef"
 OPTS = CompletionOptions(steps=2)
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 @pytest_asyncio.fixture
 async def client(backend):
     front = HttpFront(OPTS, HttpConfig(token=TOKEN, model_names=["diffill"]), backend=backend)

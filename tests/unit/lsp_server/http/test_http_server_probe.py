@@ -19,7 +19,6 @@ import socket
 import struct
 from urllib.parse import urlsplit
 
-import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
 from diffill.lsp_server.backend.backends import LocalBackend
@@ -33,9 +32,6 @@ PROMPT = "def add_numbers(a, b):\n    total = a + b\n    return "
 OPTS = CompletionOptions(steps=2)
 TOKEN = "tok-Probe-0815-qwerty"
 AUTH = f"Authorization: Bearer {TOKEN}\r\n".encode()
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest_asyncio.fixture
 async def serve():

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from diffill.lsp_server.backend.backends import load_local_backend
 from support.http_serving import post
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 async def test_model_names_and_models_endpoint(serve, backend):

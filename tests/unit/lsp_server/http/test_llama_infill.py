@@ -19,21 +19,17 @@ import time
 
 import msgspec
 import pytest
-import pytest_asyncio
 from aiohttp import ClientSession
 from diffill.lsp_server.backend.backends import LocalBackend
 from diffill.lsp_server.completion.completer import Completer
-from diffill.lsp_server.completion.options import CompletionOptions
-from diffill.lsp_server.http.http_connection import HttpConfig, Listener
-from diffill.lsp_server.http.http_server import HttpFront
 from diffill.lsp_server.http.http_wire import cut_at_indent
 from diffill.lsp_server.http.llama_infill import TokenCache, pick_fields, timings
 from diffill.lsp_server.text.context import Snippet
+from support.http_serving import OPTS
 
 ABOVE = "def add_numbers(a, b):\n    total = a + b\n"
 CURSOR_LINE = "    return "
 BELOW = "\n\n\ndef greet_user(name):\n    message = \"hello \" + name\n"
-OPTS = CompletionOptions(steps=2)
 TOKEN = "llama-key-0123456789"
 CHUNKS = [
     {"filename": "utils.py", "text": "def helper(x):\n    return x * 2\n", "time": [1, 2]},
@@ -46,9 +42,6 @@ LLAMA_VIM_FIELDS = [
     "tokens_cached",
 ]
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 class SpyBackend(LocalBackend):
     """The local backend, recording the prefix each model call saw."""
 
@@ -59,24 +52,6 @@ class SpyBackend(LocalBackend):
     def infill(self, ctx, ask):
         self.prefixes.append(ctx.prefix)
         return super().infill(ctx, ask)
-
-
-@pytest_asyncio.fixture
-async def serve():
-    started: list[tuple[ClientSession, Listener]] = []
-
-    async def make(backend, options=OPTS, **cfg) -> tuple[ClientSession, HttpFront]:
-        front = HttpFront(options, HttpConfig(**cfg), backend=backend)
-        listener = Listener(front)
-        url = await listener.start("127.0.0.1", 0)
-        client = ClientSession(base_url=url)
-        started.append((client, listener))
-        return client, front
-
-    yield make
-    for c, listener in started:
-        await c.close()
-        await listener.close()
 
 
 class LlamaVim:
