@@ -56,7 +56,9 @@ Buckets and the prediction
 
 Canvases are padded up to their bucket (:func:`~diffill.model.decoder.canvas.pad_canvas`), so
 shapes repeat -- which CUDA graphs and ``torch.compile`` need -- and a bucket's
-measurement holds for every request in it.
+measurement holds for every request in it. A request beyond the largest bucket the model's
+positions let be timed falls back to it and is priced for its own size
+(:meth:`StepPlan.sized`: the step scaled by the tokens it runs, never below the timed figure).
 
 Predicted end-to-end time for ``s`` steps with the dual cache refreshing every
 ``r`` steps::
@@ -169,7 +171,8 @@ class StepPlan(msgspec.Struct, frozen=True):
         """The choice for a request's shapes (its buckets; the nearest measured bucket
         when a shape lies beyond the measured ones) and its canvas ``rows`` (candidate
         lengths + drafts; None: the rows the plan was timed with). Other row counts are
-        priced with the bucket's ``row_ms`` (a plan without it prices every count alike)."""
+        priced with the bucket's ``row_ms`` (a plan without it prices every count alike); a
+        request larger than the bucket it falls in, for its own size (:meth:`sized`)."""
         c, h = bucket(ctx_len, CTX_BUCKETS), bucket(hole_len, HOLE_BUCKETS)
         by_key = {(x.ctx, x.hole): x for x in self.choices}
         if (c, h) not in by_key:
@@ -177,17 +180,42 @@ class StepPlan(msgspec.Struct, frozen=True):
             c, h = sorted(by_key, key=lambda k: (k[0] < c, k[1] < h, abs(k[0] - c), abs(k[1] - h)))[0]
         ch = by_key[(c, h)]
         t = next((x for x in self.timings if (x.ctx, x.hole) == (c, h)), None)
-        if rows is None or t is None or rows == t.rows or not (t.row_ms or t.block_row_ms):
+        if t is None:
             return ch
-        return choose(t, self.budget_ms, refresh_every=self.refresh_every, min_steps=self.min_steps,
-                      max_steps=self.max_steps, threshold=self.threshold, rows=rows)
+        sized = self.sized(t, ctx_len, hole_len)
+        if sized is t and (rows is None or rows == t.rows or not (t.row_ms or t.block_row_ms)):
+            return ch
+        return choose(sized, self.budget_ms, refresh_every=self.refresh_every,
+                      min_steps=self.min_steps, max_steps=self.max_steps, threshold=self.threshold,
+                      rows=rows)
+
+    def sized(self, t: BucketTiming, ctx_len: int, hole_len: int) -> BucketTiming:
+        """``t`` priced for a request larger than its bucket (beyond the largest bucket the
+        model's positions left timed: the shipped model's 512 positions leave one context
+        bucket, 256, for requests of up to ~480 context tokens): every cost scaled by the
+        tokens the request's step runs over the tokens timed (:func:`step_tokens`), a row's
+        by the tokens a row adds. A step costs ``a + b x tokens`` with ``a >= 0``, so this
+        never under-prices the larger step, and never prices below the timed figure. A
+        request within the bucket: ``t`` itself."""
+        ctx, hole = max(ctx_len, t.ctx), max(hole_len, t.hole)
+        if (ctx, hole) == (t.ctx, t.hole):
+            return t
+        shared = self.shared_context
+        timed = step_tokens(t.rows, t.ctx, t.hole, shared)
+        scale = step_tokens(t.rows, ctx, hole, shared) / timed
+        per_row = ((step_tokens(t.rows + 1, ctx, hole, shared) - step_tokens(t.rows, ctx, hole, shared))
+                   / (step_tokens(t.rows + 1, t.ctx, t.hole, shared) - timed))
+        return msgspec.structs.replace(
+            t, full_ms=t.full_ms * scale, block_ms=t.block_ms * scale,
+            row_ms=t.row_ms * per_row, block_row_ms=t.block_row_ms * per_row)
 
     def whole_canvas_choice(self, ctx_len: int, hole_len: int, rows: int | None = None
                             ) -> BucketChoice:
         """The choice for a decoder whose every step is a full forward of ``rows`` whole
         canvases, with no cache and no shared context (DreamOn's,
         :mod:`~diffill.model.decoder.dreamon`): the bucket's full step scaled by the tokens
-        such a step runs, ``rows x (ctx + hole)``, over the tokens it was timed with
+        such a step runs, ``rows x (ctx + hole)`` (the request's own ``ctx`` and ``hole`` where
+        larger than the bucket's, as :meth:`sized`), over the tokens it was timed with
         (:func:`step_tokens`), the scale never below 1, and every step full. A step costs
         ``a + b x tokens`` with ``a >= 0`` (module doc), so the scaled figure is never below
         that cost: the steps chosen do not over-spend the budget. ``rows`` None: the rows the
@@ -197,7 +225,7 @@ class StepPlan(msgspec.Struct, frozen=True):
         if t is None:
             return ch
         rows = t.rows if rows is None else rows
-        scale = max(1.0, step_tokens(rows, t.ctx, t.hole)
+        scale = max(1.0, step_tokens(rows, max(ctx_len, t.ctx), max(hole_len, t.hole))
                     / step_tokens(t.rows, t.ctx, t.hole, self.shared_context))
         ms = t.full_ms * scale
         whole = BucketTiming(t.ctx, t.hole, rows, ms, ms, t.overhead_ms, t.source)

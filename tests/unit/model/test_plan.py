@@ -71,6 +71,28 @@ def test_whole_canvases_are_priced_as_full_forwards():
     assert StepBudget("cpu", plan=shared).steps_for(100, 16, rows=3, whole_canvases=True) == (2, 0.9)
 
 
+def test_a_request_larger_than_its_bucket_is_priced_for_its_size():
+    """The shipped model's 512 positions leave one context bucket (256): a request of 478
+    context tokens falls back to it and is priced for the tokens its step runs, never below
+    the timed figure; one within the bucket keeps the plan's choice."""
+    t = BucketTiming(ctx=256, hole=16, rows=3, full_ms=30.0, block_ms=30.0, overhead_ms=0.0,
+                     row_ms=9.0, block_row_ms=9.0)
+    plan = plan_from_timings([t], 200.0)
+    assert plan.choice(200, 16) is plan.choices[0] and plan.steps_for(256, 16) == (6, 0.9)
+    # 3 x (478 + 16) tokens a step against 3 x (256 + 16) timed: 54.5 ms a step
+    big = plan.choice(478, 16)
+    assert (big.ctx, big.hole, big.steps, big.predicted_ms) == (256, 16, 3, 163.456)
+    assert plan.steps_for(478, 16, rows=4) == (2, 0.9)  # a row more costs its larger canvas
+    assert plan.steps_for(478, 16, rows=1) == (9, 0.9)
+    d = StepBudget("cpu", plan=plan).decide(478, 16, 3)
+    assert (d.steps, d.bucket, d.over_budget) == (3, (256, 16), False)
+    # one context per request, the context computed once: the first step and the rest scaled
+    # alike, (478 + 3 x 16) / (256 + 3 x 16) tokens
+    once = plan_from_timings([msgspec.structs.replace(t, block_ms=10.0)], 200.0,
+                             refresh_every=1 << 30, shared_context=True)
+    assert once.steps_for(200, 16) == (16, None) and once.steps_for(478, 16) == (9, 0.9)
+
+
 def test_step_budget_decides_and_says_why():
     t = BucketTiming(ctx=1024, hole=16, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
     sb = StepBudget("cpu", plan=plan_from_timings([t], 25.0))
