@@ -47,7 +47,7 @@ from ..model.decoder.spec import SamplerConfig, SpecialIds, StepSpec
 from ..model.decoder.step import denoise_step
 from ..model.engine import Engine, EngineAsk, EngineOptions
 from ..model.loader import LoadedModel, default_model_path, load_model
-from ..model.plan import synthetic_request, time_ms
+from ..model.measure import synthetic_request, time_ms
 from ..model.quant import quantize_model
 from ..model.transformer import Transformer
 from .ar import generate

@@ -37,7 +37,7 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   and replayed, with no host synchronisation inside the step loop (threshold
   mode reads one flag per step to stop early). Off CUDA the same static-buffer
   loop runs without capture.
-* **Step budget** (:attr:`Engine.budget`, a :class:`~diffill.model.plan.StepBudget`):
+* **Step budget** (:attr:`Engine.budget`, a :class:`~diffill.model.budget.StepBudget`):
   a request that names no ``steps`` gets the steps (and threshold) that the step plan
   -- measured once at :meth:`Engine.warmup` / :meth:`Engine.measure_plan`, or given as
   ``plan=``, then frozen -- chose for its shape bucket to fit the latency budget (the
@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .budget import StepBudget, StepDecision
 from .cache import (
     ONCE,
     DualCache,
@@ -115,17 +116,8 @@ from .decoder.loop import (
 from .decoder.spec import Infill, InfillCancelled, SamplerConfig, StepSpec, candidate_lengths
 from .decoder.step import DraftRows, denoise_step
 from .limits import DEFAULT_MAX_STEPS, MAX_DRAFTS
-from .plan import (
-    CTX_BUCKETS,
-    HOLE_BUCKETS,
-    NoBucketFits,
-    StepBudget,
-    StepDecision,
-    StepPlan,
-    bucket,
-    measure_plan,
-    plan_from_one_request,
-)
+from .measure import measure_plan, plan_from_one_request
+from .plan import CTX_BUCKETS, HOLE_BUCKETS, NoBucketFits, StepPlan, bucket
 from .reuse import ContextStore, ReusedContext, ReusePolicy
 from .runtime import ensure_cpu_threads
 
@@ -233,7 +225,7 @@ class EngineAsk:
 
     ``lengths`` (candidate hole lengths) overrides the ones derived from ``max_tokens`` and
     ``candidates`` (:func:`default_lengths`); ``steps`` overrides the step plan's choice for
-    ``budget_ms`` (None: the engine's budget, :class:`~.plan.StepBudget`); ``temperature`` /
+    ``budget_ms`` (None: the engine's budget, :class:`~.budget.StepBudget`); ``temperature`` /
     ``seed`` override the sampler's; ``drafts``: candidate middles to verify;
     ``context_key`` names the document, whose kept context the request may start from
     (:attr:`Engine.reuse_context`); ``cancel`` is checked between steps."""
@@ -255,7 +247,7 @@ class EngineAsk:
 @dataclass(frozen=True)
 class InfillOutcome(Sequence[Infill]):
     """:meth:`Engine.infill`'s answer: the candidates, best first, and the step decision
-    they were made under (:meth:`~.plan.StepBudget.decide`). It reads as the sequence of its
+    they were made under (:meth:`~.budget.StepBudget.decide`). It reads as the sequence of its
     candidates, for the callers that want only those."""
 
     candidates: list[Infill]
@@ -413,14 +405,14 @@ class Engine:
         return self.plan
 
     def budget_ms(self, requested: float | None = None) -> float:
-        """The latency budget in force for a request (:class:`~diffill.model.plan.StepBudget`)."""
+        """The latency budget in force for a request (:class:`~diffill.model.budget.StepBudget`)."""
         return self.budget.budget_ms(requested)
 
     def warmup_on(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int = 32,
                   candidates: int = 1) -> float:
         """A one-shot caller's warm-up (``diffill complete``): one refinement step of this
         request, timed (first-call costs included: pessimistic), and the step plan made from
-        that one shape (:func:`~diffill.model.plan.plan_from_one_request`). Milliseconds."""
+        that one shape (:func:`~diffill.model.measure.plan_from_one_request`). Milliseconds."""
         req = self.make_request(EngineAsk(prefix_ids, suffix_ids, max_tokens=max_tokens,
                                           candidates=candidates, steps=1))
         t0 = time.perf_counter()
@@ -454,7 +446,7 @@ class Engine:
         """Validate ``ask`` and resolve its defaults; raises ValueError for a bad request.
 
         Hole lengths: ``ask.lengths``, else :func:`default_lengths` of ``max_tokens`` and
-        ``candidates``. Steps: :meth:`~.plan.StepBudget.decide` (``steps``, else the step
+        ``candidates``. Steps: :meth:`~.budget.StepBudget.decide` (``steps``, else the step
         plan's for the request's shapes, its canvas rows -- lengths + drafts kept -- and
         ``budget_ms``, else the sampler's). ``drafts`` (token ids of candidate middles to
         verify, :mod:`.decoder` *Drafts*): the first :data:`MAX_DRAFTS` distinct ones that
