@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
+from ...model.asks import EngineAsk
 from ...model.budget import StepBudget
 from ...model.decoder.spec import SamplerConfig
-from ...model.engine import Engine, EngineAsk, EngineOptions
+from ...model.engine import Engine
+from ...model.engine_options import EngineOptions
 from ...model.loader import DTYPES
 from ...model.measure import measure_plan
 from ...model.plan import describe_plan

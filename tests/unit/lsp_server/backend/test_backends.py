@@ -32,9 +32,9 @@ class _FakeEngine:
         self.warmed = 0
 
     def infill(self, ask):
+        from diffill.model.asks import InfillOutcome
         from diffill.model.budget import StepDecision
         from diffill.model.decoder.spec import Infill
-        from diffill.model.engine import InfillOutcome
 
         self.calls.append({"max_tokens": ask.max_tokens, "candidates": ask.candidates,
                            "steps": ask.steps, "budget_ms": ask.budget_ms,
@@ -91,7 +91,8 @@ def test_local_backend_steps_do_not_drift_with_load():
     """The same request gets the same steps however slow the previous ones were: the
     engine's plan is frozen at warm-up (issue 19: no server-wide running average)."""
     from diffill.lsp_server.backend.backends import LocalBackend
-    from diffill.model.engine import Engine, EngineAsk
+    from diffill.model.asks import EngineAsk
+    from diffill.model.engine import Engine
     from diffill.model.plan import BucketTiming, plan_from_timings
     from support import tiny_lm
 

@@ -37,7 +37,8 @@ from diffill.lsp_server.http.http_server import (
     log_target,
     parse_request,
 )
-from diffill.model.engine import Engine, EngineAsk
+from diffill.model.asks import EngineAsk
+from diffill.model.engine import Engine
 
 PROMPT = "def add_numbers(a, b):\n    total = a + b\n    return "
 SUFFIX = "\n\n\ndef greet_user(name):\n    message = \"hello \" + name\n"
