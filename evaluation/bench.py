@@ -40,14 +40,16 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..kernels import select_unmask as su
 from ..model import attention
+from ..model.asks import EngineAsk
 from ..model.cache import SharedContext
 from ..model.config import ModelConfig
 from ..model.decoder.canvas import build_canvas, initial_state
 from ..model.decoder.spec import SamplerConfig, SpecialIds, StepSpec
 from ..model.decoder.step import denoise_step
-from ..model.engine import Engine, EngineAsk, EngineOptions
+from ..model.engine import Engine
+from ..model.engine_options import EngineOptions
 from ..model.loader import LoadedModel, default_model_path, load_model
-from ..model.plan import synthetic_request, time_ms
+from ..model.measure import synthetic_request, time_ms
 from ..model.quant import quantize_model
 from ..model.transformer import Transformer
 from .ar import generate

@@ -274,8 +274,10 @@ class DiffillSide:
     def __init__(self, model_dir: str, threads: int, steps: int, hole: int,
                  refresh: int = 1) -> None:
         from ..model import load_model  # the model (torch): in the diffill worker only
+        from ..model.asks import EngineAsk  # (same)
         from ..model.decoder.spec import SamplerConfig  # (same)
-        from ..model.engine import Engine, EngineAsk, EngineOptions  # (same)
+        from ..model.engine import Engine  # (same)
+        from ..model.engine_options import EngineOptions  # (same)
         from ..model.runtime import configure_cpu_threads  # (same)
 
         configure_cpu_threads(threads, "cpu")

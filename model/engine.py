@@ -37,7 +37,7 @@ time; what makes it fast is chosen by :class:`EngineOptions`:
   and replayed, with no host synchronisation inside the step loop (threshold
   mode reads one flag per step to stop early). Off CUDA the same static-buffer
   loop runs without capture.
-* **Step budget** (:attr:`Engine.budget`, a :class:`~diffill.model.plan.StepBudget`):
+* **Step budget** (:attr:`Engine.budget`, a :class:`~diffill.model.budget.StepBudget`):
   a request that names no ``steps`` gets the steps (and threshold) that the step plan
   -- measured once at :meth:`Engine.warmup` / :meth:`Engine.measure_plan`, or given as
   ``plan=``, then frozen -- chose for its shape bucket to fit the latency budget (the
@@ -54,15 +54,10 @@ decoded by the second decoder, :func:`diffill.model.decoder.dreamon.decode_dream
 (the hole grows and shrinks; the candidate lengths are its starting lengths; a batch's
 requests share its forwards too), chosen in :meth:`Engine._decode`.
 
-Candidate hole lengths (the one policy, :func:`default_lengths`). When the caller gives
-none, ``max_tokens`` and the number of distinct middles wanted (``candidates``) are turned
-into ``max(3, candidates)`` lengths halving down from ``max_tokens``: ``(max_tokens // 4,
-max_tokens // 2, max_tokens)`` for up to three candidates (values < 1 dropped, duplicates
-removed), ``max_tokens // 8`` and so on for more. Because pads inside the hole are
-trimmed, a candidate length is only an upper bound on the middle; three geometrically
-spaced bounds cover a short completion (a few tokens), a line and a small block at a batch
-of three rows, and the sampler ranks them by the model's own score. The hole never
-exceeds ``max_tokens``, so neither does the middle.
+Around it: the request and its answer, the candidate-length policy and the sampler's defaults
+(:mod:`.asks`: :class:`~.asks.EngineAsk`, :class:`~.asks.InfillOutcome`,
+:func:`~.asks.default_lengths`), the options (:mod:`.engine_options`), the shape buckets and
+CUDA graphs (:mod:`.graphs`), the step budget (:mod:`.budget`).
 
 Context trimming is the caller's job: the engine truncates nothing and raises
 ``ValueError`` when the longest canvas exceeds ``cfg.max_position_embeddings``.
@@ -76,15 +71,16 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .asks import EngineAsk, InfillOutcome, default_lengths, default_sampler
+from .budget import StepBudget, StepDecision
 from .cache import (
     ONCE,
-    DualCache,
     SharedContext,
     cached_steps,
     context_groups,
@@ -93,13 +89,12 @@ from .cache import (
 )
 from .decoder.canvas import (
     Canvas,
-    DenoiseState,
     build_canvas,
     canvas_length,
     initial_state,
     stack_canvases,
 )
-from .decoder.dreamon import decode_dreamon, length_control_ids
+from .decoder.dreamon import decode_dreamon_with_drafts, length_control_ids
 from .decoder.loop import (
     EagerSteps,
     InfillRequest,
@@ -109,23 +104,14 @@ from .decoder.loop import (
     collect,
     draft_problem,
     draft_tensor,
-    rank_candidates,
     run_steps,
 )
 from .decoder.spec import Infill, InfillCancelled, SamplerConfig, StepSpec, candidate_lengths
-from .decoder.step import DraftRows, denoise_step
+from .engine_options import CONTEXT_ENV, REFRESH_CONTEXT_ENV, REUSE_ENV, EngineOptions
+from .graphs import StepGraphs, bucket_shape
 from .limits import DEFAULT_MAX_STEPS, MAX_DRAFTS
-from .plan import (
-    CTX_BUCKETS,
-    HOLE_BUCKETS,
-    NoBucketFits,
-    StepBudget,
-    StepDecision,
-    StepPlan,
-    bucket,
-    measure_plan,
-    plan_from_one_request,
-)
+from .measure import measure_plan, plan_from_one_request
+from .plan import NoBucketFits, StepPlan
 from .reuse import ContextStore, ReusedContext, ReusePolicy
 from .runtime import ensure_cpu_threads
 
@@ -133,140 +119,6 @@ if TYPE_CHECKING:  # the loader imports torch-heavy modules; only the type is ne
     from .loader import LoadedModel
 
 log = logging.getLogger("diffill.engine")
-
-ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def bucket_shape(L: int, T: int, N: int) -> tuple[int, int, int]:
-    """A batch's shape [L rows, T columns, N slots] rounded up to its buckets: rows to
-    :data:`ROW_BUCKETS`, the hole to :data:`~.plan.HOLE_BUCKETS`, the rest of the canvas to
-    :data:`~.plan.CTX_BUCKETS`."""
-    Nb = bucket(N, HOLE_BUCKETS)
-    return bucket(L, ROW_BUCKETS), bucket(T - N, CTX_BUCKETS) + Nb, Nb
-
-
-DEFAULT_CANDIDATES = 3
-
-REFRESH_CONTEXT_ENV = "DIFFILL_REFRESH_CONTEXT"
-"""``step`` / ``request``: what ``EngineOptions(refresh_context='auto')`` means in this process."""
-
-REUSE_ENV = "DIFFILL_REUSE"
-"""``on`` / ``off``: what ``EngineOptions(reuse='auto')`` means in this process (unset: on
-where a request's context is shared)."""
-
-CONTEXT_ENV = "DIFFILL_CONTEXT"
-"""``request`` / ``row``: what ``EngineOptions(context='auto')`` means in this process (for a
-side-by-side run of any command; unset: per request on a CPU)."""
-
-
-def default_lengths(max_tokens: int, candidates: int = 1) -> tuple[int, ...]:
-    """Candidate hole lengths for a token budget and the number of distinct middles wanted
-    (see module doc): ``max(3, candidates)`` lengths halving down from ``max_tokens``."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    count = max(DEFAULT_CANDIDATES, candidates)
-    return tuple(sorted({max_tokens >> i for i in range(count)} - {0}))
-
-
-def default_sampler(cfg: Any) -> SamplerConfig:
-    """The decoding a checkpoint recommends: its ``decode_block`` and ``draft_ratio``
-    (config.json), the sampler's defaults otherwise."""
-    sc = SamplerConfig(block=cfg.decode_block)
-    ratio = getattr(cfg, "draft_ratio", None)
-    return sc if ratio is None else dataclasses.replace(sc, draft_ratio=float(ratio))
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """Speed features (see module doc). The defaults are exact and safe everywhere, except
-    ``context='auto'``, which on a CPU shares one context per request (an approximation,
-    module doc)."""
-
-    batch: bool = True  # group concurrent requests into one forward per step
-    batch_window_ms: float = 0.0  # extra wait for company before a batch starts
-    max_batch_rows: int = 32  # canvas rows per batch (candidate lengths x requests)
-    refresh_every: int = 1  # dual KV cache refresh period; 1 = no cache
-    select_impl: str | None = None  # None: sampler torch step; 'auto' | 'triton' | 'torch': fused
-    buckets: bool = False  # pad canvases to shape buckets (implied by cuda_graphs)
-    cuda_graphs: bool = False  # capture and replay each bucket's step (CUDA, greedy only)
-    #: prefix/suffix keys and values once per request ('request': cache.SharedContext) or
-    #: once per canvas row ('row', exact); 'auto': per request on a CPU, per row elsewhere
-    context: str = "auto"
-    #: keep each document's context for its next request ('auto': where the context is
-    #: shared, i.e. on a CPU, unless DIFFILL_REUSE=off; :mod:`diffill.model.reuse`), with
-    #: at most ``reuse_far`` context tokens recomputed and ``reuse_full_every`` reuses in a row
-    reuse: str = "auto"
-    #: how often a shared context (one per request) is recomputed: every ``refresh_every``
-    #: steps ('step'), or once, at the request's first step ('request'); 'auto': 'request'
-    #: (unless DIFFILL_REFRESH_CONTEXT says 'step')
-    refresh_context: str = "auto"
-    reuse_far: int = 32
-    reuse_full_every: int = 8
-    reuse_documents: int = 4
-
-    def __post_init__(self) -> None:
-        if self.refresh_every < 1:
-            raise ValueError(f"EngineOptions.refresh_every must be >= 1, got {self.refresh_every}")
-        if self.max_batch_rows < 1:
-            raise ValueError(f"EngineOptions.max_batch_rows must be >= 1, got {self.max_batch_rows}")
-        if self.batch_window_ms < 0:
-            raise ValueError("EngineOptions.batch_window_ms must be >= 0")
-        if self.context not in ("auto", "request", "row"):
-            raise ValueError(f"EngineOptions.context must be 'auto', 'request' or 'row', "
-                             f"got {self.context!r}")
-        if self.refresh_context not in ("auto", "step", "request"):
-            raise ValueError(f"EngineOptions.refresh_context must be 'auto', 'step' or 'request', "
-                             f"got {self.refresh_context!r}")
-        if self.reuse not in ("auto", "on", "off"):
-            raise ValueError(f"EngineOptions.reuse must be 'auto', 'on' or 'off', got {self.reuse!r}")
-        if min(self.reuse_far, self.reuse_full_every, self.reuse_documents) < 0:
-            raise ValueError("EngineOptions.reuse_far / reuse_full_every / reuse_documents must be >= 0")
-        if self.select_impl not in (None, "auto", "triton", "torch"):
-            raise ValueError(f"EngineOptions.select_impl must be None, 'auto', 'triton' or 'torch', "
-                             f"got {self.select_impl!r}")
-
-
-@dataclass(frozen=True)
-class EngineAsk:
-    """One infill request in token ids, as :meth:`Engine.infill` takes it (the language
-    server's :class:`~diffill.lsp_server.backend.backend_api.InfillAsk` once tokenized).
-
-    ``lengths`` (candidate hole lengths) overrides the ones derived from ``max_tokens`` and
-    ``candidates`` (:func:`default_lengths`); ``steps`` overrides the step plan's choice for
-    ``budget_ms`` (None: the engine's budget, :class:`~.plan.StepBudget`); ``temperature`` /
-    ``seed`` override the sampler's; ``drafts``: candidate middles to verify;
-    ``context_key`` names the document, whose kept context the request may start from
-    (:attr:`Engine.reuse_context`); ``cancel`` is checked between steps."""
-
-    prefix_ids: Sequence[int]
-    suffix_ids: Sequence[int]
-    max_tokens: int = 32
-    lengths: tuple[int, ...] | None = None
-    candidates: int = 1
-    steps: int | None = None
-    budget_ms: float | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    cancel: Callable[[], bool] | None = None
-    drafts: Sequence[Sequence[int]] = ()
-    context_key: str | None = None
-
-
-@dataclass(frozen=True)
-class InfillOutcome(Sequence[Infill]):
-    """:meth:`Engine.infill`'s answer: the candidates, best first, and the step decision
-    they were made under (:meth:`~.plan.StepBudget.decide`). It reads as the sequence of its
-    candidates, for the callers that want only those."""
-
-    candidates: list[Infill]
-    decision: StepDecision
-
-    def __getitem__(self, i: Any) -> Any:
-        return self.candidates[i]
-
-    def __len__(self) -> int:
-        return len(self.candidates)
-
 
 @dataclass
 class _Slot:
@@ -306,7 +158,7 @@ class Engine:
         self._failed = 0
         self._batches = 0
         self._max_batch = 0
-        self._graphs: dict[tuple[Any, ...], _StepGraphs] = {}
+        self._graphs: dict[tuple[Any, ...], StepGraphs] = {}
         o = self.options
         self._contexts = ContextStore(o.reuse_documents, ReusePolicy(o.reuse_far, o.reuse_full_every))
         self._graph_pool: Any = None
@@ -413,14 +265,14 @@ class Engine:
         return self.plan
 
     def budget_ms(self, requested: float | None = None) -> float:
-        """The latency budget in force for a request (:class:`~diffill.model.plan.StepBudget`)."""
+        """The latency budget in force for a request (:class:`~diffill.model.budget.StepBudget`)."""
         return self.budget.budget_ms(requested)
 
     def warmup_on(self, prefix_ids: list[int], suffix_ids: list[int], *, max_tokens: int = 32,
                   candidates: int = 1) -> float:
         """A one-shot caller's warm-up (``diffill complete``): one refinement step of this
         request, timed (first-call costs included: pessimistic), and the step plan made from
-        that one shape (:func:`~diffill.model.plan.plan_from_one_request`). Milliseconds."""
+        that one shape (:func:`~diffill.model.measure.plan_from_one_request`). Milliseconds."""
         req = self.make_request(EngineAsk(prefix_ids, suffix_ids, max_tokens=max_tokens,
                                           candidates=candidates, steps=1))
         t0 = time.perf_counter()
@@ -454,7 +306,7 @@ class Engine:
         """Validate ``ask`` and resolve its defaults; raises ValueError for a bad request.
 
         Hole lengths: ``ask.lengths``, else :func:`default_lengths` of ``max_tokens`` and
-        ``candidates``. Steps: :meth:`~.plan.StepBudget.decide` (``steps``, else the step
+        ``candidates``. Steps: :meth:`~.budget.StepBudget.decide` (``steps``, else the step
         plan's for the request's shapes, its canvas rows -- lengths + drafts kept -- and
         ``budget_ms``, else the sampler's). ``drafts`` (token ids of candidate middles to
         verify, :mod:`.decoder` *Drafts*): the first :data:`MAX_DRAFTS` distinct ones that
@@ -635,37 +487,7 @@ class Engine:
         batched fixed-canvas loop (:meth:`_run`)."""
         if length_control_ids(self.config) is None:
             return self._run(batch)
-        return self._dreamon(batch)
-
-    def _dreamon(self, batch: list[InfillRequest]) -> list[list[Infill] | BaseException]:
-        """DreamOn's decoding of a batch (:func:`~.decoder.dreamon.decode_dreamon`: the rows
-        of all its requests in one forward per step). Each request's drafts are verified
-        first, by the first decoder's rule on a fixed canvas of the longest starting length
-        (one forward): ``wanted`` verified drafts answer; otherwise DreamOn decodes as usual
-        and the verified drafts are ranked with its candidates (a partly accepted draft is
-        not carried over: the hole it would sit in changes length)."""
-        out: list[list[Infill] | BaseException | None] = [None] * len(batch)
-        verified: list[list[Infill]] = [[] for _ in batch]
-        for i, req in enumerate(batch):
-            if req.drafts:
-                sc = dataclasses.replace(req.sampler, steps=1, threshold=None,
-                                         lengths=(max(req.sampler.lengths),))
-                (res,) = self._run([dataclasses.replace(req, sampler=sc)])
-                if isinstance(res, InfillCancelled):
-                    out[i] = res
-                    continue
-                verified[i] = [c for c in res if c.verified]
-                if len(verified[i]) >= req.wanted:
-                    out[i] = verified[i]
-        rest = [i for i, o in enumerate(out) if o is None]
-        own = decode_dreamon(self.model, self.config, [batch[i] for i in rest]) if rest else []
-        for i, res in zip(rest, own, strict=True):
-            if isinstance(res, InfillCancelled):
-                out[i] = res
-            else:
-                both = verified[i] + res
-                out[i] = rank_candidates(both, list(range(len(both))), True)
-        return [o for o in out if o is not None]  # every request has its answer
+        return decode_dreamon_with_drafts(self.model, self.config, batch, self._run)
 
     # -- the batched denoising loop -----------------------------------------------------------
     def _run(self, batch: list[InfillRequest]) -> list[list[Infill] | InfillCancelled]:
@@ -722,7 +544,7 @@ class Engine:
                  ReusedContext(self.model, cv, shift=spec.shift, kept=kept, plan=plan, groups=groups))
         return cache, EagerSteps(cache, spec, on_drop=cache.select_rows), plan is not None
 
-    def _graphs_for(self, cv: Canvas, spec: StepSpec) -> _StepGraphs:
+    def _graphs_for(self, cv: Canvas, spec: StepSpec) -> StepGraphs:
         L, T = cv.ids.shape
         N = cv.hole_pos.shape[1]
         key = (L, T, N, self.options.refresh_every, spec)
@@ -731,7 +553,7 @@ class Engine:
             capture = cv.ids.device.type == "cuda"
             if capture and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            g = _StepGraphs(self.model, cv, spec, self.options.refresh_every, self._graph_pool,
+            g = StepGraphs(self.model, cv, spec, self.options.refresh_every, self._graph_pool,
                             capture=capture)
             self._graphs[key] = g
         return g
@@ -774,94 +596,3 @@ class Engine:
                 "recent_latencies_s": lat,
                 "mean_latency_s": sum(lat) / len(lat) if lat else None,
             }
-
-
-class _StepGraphs:
-    """CUDA graphs of one denoising step for one padded shape [L, T] with N slots: the
-    decode loop's :class:`~diffill.model.decoder.loop.Stepper` under ``cuda_graphs``.
-
-    Static buffers hold the canvas and the loop state; each graph runs a step and
-    writes the new state back into them (and decrements ``steps_left``), so a
-    replay needs no host work. With the dual cache there are two graphs: the
-    refresh step (full forward; its context keys/values stay in graph memory) and
-    the cached step reading them. Shapes never change, so a cancelled request's
-    rows are frozen (nothing left masked) instead of dropped.
-
-    ``capture=False`` (CPU) runs the same static-buffer step eagerly, which is how
-    the tests check this loop without a GPU.
-    """
-
-    def __init__(self, model: Any, cv: Canvas, spec: StepSpec, refresh_every: int,
-                 pool: Any, *, capture: bool = True) -> None:
-        self.model, self.spec, self.pool = model, spec, pool
-        self.refresh_every = refresh_every
-        self.cv = Canvas(*(t.clone() for t in cv))
-        self.state = initial_state(self.cv)
-        self.steps_left = torch.ones((cv.ids.shape[0],), dtype=torch.long, device=cv.ids.device)
-        self.cache = (DualCache(model, self.cv, shift=spec.shift, refresh_every=ONCE)
-                      if refresh_every > 1 else None)
-        self.graphs: dict[bool, Any] = {}
-        self.capture = capture
-
-    def load(self, cv: Canvas, state: DenoiseState) -> None:
-        for dst, src in zip(self.cv, cv, strict=True):
-            dst.copy_(src)
-        for dst, src in zip(self.state, state, strict=True):
-            dst.copy_(src)
-        self.steps_left.fill_(self.spec.total_steps)
-        if self.cache is not None:
-            self.cache.rebind(self.cv)
-
-    # -- Stepper ---------------------------------------------------------------------------
-    def step(self, canvas: Canvas, state: DenoiseState, s: int,
-             noise: torch.Tensor | None, draft: DraftRows | None = None) -> DenoiseState:
-        """Step ``s`` on the static buffers (``canvas`` / ``state`` are what :meth:`load`
-        copied in; greedy only, so no noise). A verification step (``draft``) runs eagerly
-        on the same buffers: it comes once per batch, and capturing it would double the
-        graphs."""
-        refresh = self.cache is None or s % self.refresh_every == 0
-        if draft is not None or not self.capture:
-            self._body(refresh, draft)
-        else:
-            if not self.graphs:
-                self._capture()
-            self.graphs[refresh].replay()
-        return self.state
-
-    def drop(self, canvas: Canvas, state: DenoiseState,
-             keep: list[int]) -> tuple[Canvas, DenoiseState, list[int]]:
-        """Freeze the rows not in ``keep`` (nothing left masked); every row stays."""
-        kept = set(keep)
-        gone = [r for r in range(self.state.masked.shape[0]) if r not in kept]
-        if gone:
-            self.state.masked[torch.tensor(gone, device=self.state.masked.device)] = False
-        return canvas, self.state, list(range(self.state.masked.shape[0]))
-
-    # -- graphs ----------------------------------------------------------------------------
-    def _body(self, refresh: bool, draft: DraftRows | None = None) -> None:
-        fwd: Any = self.model
-        if self.cache is not None:
-            self.cache.force_refresh = refresh
-            fwd = self.cache
-        new = denoise_step(fwd, self.cv, self.state, self.steps_left, self.spec, None, draft)
-        for dst, src in zip(self.state, new, strict=True):
-            dst.copy_(src)
-        self.steps_left.sub_(1)
-
-    def _capture(self) -> None:
-        kinds = [True] if self.cache is None else [True, False]
-        saved = [t.clone() for t in self.state] + [self.steps_left.clone()]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: allocator, cuBLAS and Triton state
-            for refresh in kinds:
-                for _ in range(2):
-                    self._body(refresh)
-        torch.cuda.current_stream().wait_stream(side)
-        for refresh in kinds:  # the refresh graph first: its kv outputs feed the cached one
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                self._body(refresh)
-            self.graphs[refresh] = g
-        for dst, src in zip([*self.state, self.steps_left], saved, strict=True):
-            dst.copy_(src)

@@ -1,14 +1,18 @@
-"""Step budget: how many denoising steps fit the latency budget, per shape bucket.
+"""The step plan: how many denoising steps fit the latency budget, per shape bucket.
 
-This module is the one owner of budget -> steps (:class:`StepBudget`, held by the
-engine); nothing else turns a latency budget into a step count.
+This module owns the plan and the choosing: the shape buckets, a bucket's timing
+(:class:`BucketTiming`), the plan (:class:`StepPlan`: the steps per bucket, a request's
+choice for its shapes and rows), the prediction and the cost model fitted through timed
+points. Taking the timings is :mod:`.measure`'s; the one owner of budget -> steps, held by
+the engine, is :class:`~.budget.StepBudget` (:mod:`.budget`), which reads a plan; nothing
+else turns a latency budget into a step count. The policy below is all three's.
 
 The policy
 ----------
 * **The budget** in force for a request is the request's own (``latencyBudgetMs``), else
   the one the engine was built with, else (a plan given ready-made) the plan's, else the
   device's default,
-  :data:`DEFAULT_BUDGET_MS`: 25 ms on a GPU (the product's target), 200 ms on a CPU (a
+  :data:`~.limits.DEFAULT_BUDGET_MS`: 25 ms on a GPU (the product's target), 200 ms on a CPU (a
   step of the shipped model takes ~20-30 ms there; 25 ms would allow one step, too few
   for a usable suggestion). Other accelerators get the GPU figure.
 * **Steps per shape, planned once.** A step's cost depends on the shapes (context
@@ -41,10 +45,10 @@ The policy
 * **A slow model on a CPU** (a 0.5B checkpoint: one step of the largest bucket takes
   seconds, the plan a minute or more) is planned in the background by the language server
   (:meth:`diffill.lsp_server.backend.backends.LocalBackend.warmup`); until that plan is in, requests
-  follow a :func:`provisional_plan` priced from one tiny timed request, which never allows
+  follow a :func:`~.measure.provisional_plan` priced from one tiny timed request, which never allows
   more steps than fit.
 * **One-shot callers** (``diffill complete``) time one step of their own request and plan
-  from that one shape (:func:`plan_from_one_request`). A model below the smallest context
+  from that one shape (:func:`~.measure.plan_from_one_request`). A model below the smallest context
   bucket is timed at its own longest context, which stands in for that bucket.
 * **Explicit steps win.** A request that names ``steps`` gets them; an engine with no
   plan (never warmed up) uses its sampler's default steps.
@@ -56,7 +60,9 @@ Buckets and the prediction
 
 Canvases are padded up to their bucket (:func:`~diffill.model.decoder.canvas.pad_canvas`), so
 shapes repeat -- which CUDA graphs and ``torch.compile`` need -- and a bucket's
-measurement holds for every request in it.
+measurement holds for every request in it. A request beyond the largest bucket the model's
+positions let be timed falls back to it and is priced for its own size
+(:meth:`StepPlan.sized`: the step scaled by the tokens it runs, never below the timed figure).
 
 Predicted end-to-end time for ``s`` steps with the dual cache refreshing every
 ``r`` steps::
@@ -79,29 +85,17 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
-import torch
 
-from .cache import ONCE, DualCache, SharedContext, infill_cached
-from .decoder.canvas import DenoiseState, build_canvas, canvas_end, canvas_start, initial_state
-from .decoder.loop import infill
-from .decoder.spec import SamplerConfig, SpecialIds, StepSpec
-from .decoder.step import denoise_step
-from .limits import DEFAULT_BUDGET_MS, DEFAULT_MAX_STEPS
+from .cache import ONCE
+from .limits import DEFAULT_MAX_STEPS
 
 CTX_BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048)
 HOLE_BUCKETS: tuple[int, ...] = (8, 16, 32, 64)
 DEFAULT_THRESHOLD = 0.9
-
-
-def default_budget_ms(device_type: str) -> float:
-    """:data:`DEFAULT_BUDGET_MS` for a device type (others: the GPU figure)."""
-    return DEFAULT_BUDGET_MS.get(device_type, DEFAULT_BUDGET_MS["cuda"])
 
 
 class NoBucketFits(ValueError):
@@ -115,6 +109,10 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
             return b
     top = buckets[-1]
     return -(-n // top) * top
+
+
+PROVISIONAL = "provisional"
+"""``BucketTiming.source`` of a :func:`~.measure.provisional_plan`'s timings."""
 
 
 class BucketTiming(msgspec.Struct, frozen=True):
@@ -169,7 +167,8 @@ class StepPlan(msgspec.Struct, frozen=True):
         """The choice for a request's shapes (its buckets; the nearest measured bucket
         when a shape lies beyond the measured ones) and its canvas ``rows`` (candidate
         lengths + drafts; None: the rows the plan was timed with). Other row counts are
-        priced with the bucket's ``row_ms`` (a plan without it prices every count alike)."""
+        priced with the bucket's ``row_ms`` (a plan without it prices every count alike); a
+        request larger than the bucket it falls in, for its own size (:meth:`sized`)."""
         c, h = bucket(ctx_len, CTX_BUCKETS), bucket(hole_len, HOLE_BUCKETS)
         by_key = {(x.ctx, x.hole): x for x in self.choices}
         if (c, h) not in by_key:
@@ -177,17 +176,42 @@ class StepPlan(msgspec.Struct, frozen=True):
             c, h = sorted(by_key, key=lambda k: (k[0] < c, k[1] < h, abs(k[0] - c), abs(k[1] - h)))[0]
         ch = by_key[(c, h)]
         t = next((x for x in self.timings if (x.ctx, x.hole) == (c, h)), None)
-        if rows is None or t is None or rows == t.rows or not (t.row_ms or t.block_row_ms):
+        if t is None:
             return ch
-        return choose(t, self.budget_ms, refresh_every=self.refresh_every, min_steps=self.min_steps,
-                      max_steps=self.max_steps, threshold=self.threshold, rows=rows)
+        sized = self.sized(t, ctx_len, hole_len)
+        if sized is t and (rows is None or rows == t.rows or not (t.row_ms or t.block_row_ms)):
+            return ch
+        return choose(sized, self.budget_ms, refresh_every=self.refresh_every,
+                      min_steps=self.min_steps, max_steps=self.max_steps, threshold=self.threshold,
+                      rows=rows)
+
+    def sized(self, t: BucketTiming, ctx_len: int, hole_len: int) -> BucketTiming:
+        """``t`` priced for a request larger than its bucket (beyond the largest bucket the
+        model's positions left timed: the shipped model's 512 positions leave one context
+        bucket, 256, for requests of up to ~480 context tokens): every cost scaled by the
+        tokens the request's step runs over the tokens timed (:func:`step_tokens`), a row's
+        by the tokens a row adds. A step costs ``a + b x tokens`` with ``a >= 0``, so this
+        never under-prices the larger step, and never prices below the timed figure. A
+        request within the bucket: ``t`` itself."""
+        ctx, hole = max(ctx_len, t.ctx), max(hole_len, t.hole)
+        if (ctx, hole) == (t.ctx, t.hole):
+            return t
+        shared = self.shared_context
+        timed = step_tokens(t.rows, t.ctx, t.hole, shared)
+        scale = step_tokens(t.rows, ctx, hole, shared) / timed
+        per_row = ((step_tokens(t.rows + 1, ctx, hole, shared) - step_tokens(t.rows, ctx, hole, shared))
+                   / (step_tokens(t.rows + 1, t.ctx, t.hole, shared) - timed))
+        return msgspec.structs.replace(
+            t, full_ms=t.full_ms * scale, block_ms=t.block_ms * scale,
+            row_ms=t.row_ms * per_row, block_row_ms=t.block_row_ms * per_row)
 
     def whole_canvas_choice(self, ctx_len: int, hole_len: int, rows: int | None = None
                             ) -> BucketChoice:
         """The choice for a decoder whose every step is a full forward of ``rows`` whole
         canvases, with no cache and no shared context (DreamOn's,
         :mod:`~diffill.model.decoder.dreamon`): the bucket's full step scaled by the tokens
-        such a step runs, ``rows x (ctx + hole)``, over the tokens it was timed with
+        such a step runs, ``rows x (ctx + hole)`` (the request's own ``ctx`` and ``hole`` where
+        larger than the bucket's, as :meth:`sized`), over the tokens it was timed with
         (:func:`step_tokens`), the scale never below 1, and every step full. A step costs
         ``a + b x tokens`` with ``a >= 0`` (module doc), so the scaled figure is never below
         that cost: the steps chosen do not over-spend the budget. ``rows`` None: the rows the
@@ -197,7 +221,7 @@ class StepPlan(msgspec.Struct, frozen=True):
         if t is None:
             return ch
         rows = t.rows if rows is None else rows
-        scale = max(1.0, step_tokens(rows, t.ctx, t.hole)
+        scale = max(1.0, step_tokens(rows, max(ctx_len, t.ctx), max(hole_len, t.hole))
                     / step_tokens(t.rows, t.ctx, t.hole, self.shared_context))
         ms = t.full_ms * scale
         whole = BucketTiming(t.ctx, t.hole, rows, ms, ms, t.overhead_ms, t.source)
@@ -332,345 +356,3 @@ def describe_plan(plan: StepPlan) -> str:
             + ("  OVER BUDGET" if c.over_budget else "")
         )
     return "\n".join(lines)
-
-
-# -- measuring ---------------------------------------------------------------------------------
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_ms(fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 1,
-            repeats: int = 5) -> list[float]:
-    """Wall-clock milliseconds of ``fn()`` (device synchronised), after warm-up."""
-    dev = torch.device(device)
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
-def synthetic_request(cfg: Any, ctx: int, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Prefix and suffix ids (random ordinary tokens) whose canvas context is ``ctx`` tokens."""
-    specials = {cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id}
-    n = max(0, ctx - len(canvas_start(cfg, 1)) - len(canvas_end(cfg)))
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
-    ok = next(i for i in range(cfg.vocab_size) if i not in specials)
-    ids = [ok if i in specials else i for i in ids]
-    cut = (2 * n) // 3
-    return ids[:cut], ids[cut:]
-
-
-@torch.inference_mode()
-def plan_from_one_request(ms: float, ctx_len: int, hole_len: int, rows: int, budget_ms: float,
-                          shared_context: bool = False, **kw: Any) -> StepPlan:
-    """The plan of a one-shot caller (``diffill complete``): one request's one-step time,
-    ``ms`` (its overhead included, so the prediction errs long), for its own shape bucket;
-    other shapes fall back to it (:meth:`StepPlan.choice`); other row counts (drafts) are
-    priced in proportion to the tokens they add (:func:`step_tokens`: a whole canvas per
-    row, or with ``shared_context`` a hole per row). ``kw``: :func:`plan_from_timings`'s."""
-    per_row = ms * (step_tokens(rows + 1, ctx_len, hole_len, shared_context)
-                    - step_tokens(rows, ctx_len, hole_len, shared_context)) \
-        / step_tokens(rows, ctx_len, hole_len, shared_context)
-    t = BucketTiming(bucket(ctx_len, CTX_BUCKETS), bucket(hole_len, HOLE_BUCKETS), rows,
-                     round(ms, 4), round(ms, 4), row_ms=round(per_row, 4),
-                     block_row_ms=round(per_row, 4))
-    return plan_from_timings([t], budget_ms, shared_context=shared_context,
-                             measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                             **kw)
-
-
-PROVISIONAL = "provisional"
-"""``BucketTiming.source`` of a :func:`provisional_plan`'s timings."""
-
-
-def provisional_plan(ms: float, tokens: int, budget_ms: float, *, rows: int = 3,
-                     shared_context: bool = False, limit: int | None = None,
-                     ctx_buckets: Sequence[int] = CTX_BUCKETS,
-                     hole_buckets: Sequence[int] = HOLE_BUCKETS, **kw: Any) -> StepPlan:
-    """The plan requests follow while the real one is measured in the background (a model
-    whose steps are slow on a CPU, where measuring takes a minute or more: the server answers
-    meanwhile). From one timed request that ran ``tokens`` step tokens (:func:`step_tokens`)
-    in ``ms`` -- a tiny one, first-call costs and overhead included -- every bucket (those of
-    ``limit`` positions, as :func:`measure_plan` picks them) is priced in proportion to its
-    step tokens, at ``rows`` rows, cached steps at the full cost. A step costs
-    ``a + b * tokens`` with ``a >= 0``, so for every bucket larger than the timed request this
-    predicts more than the step costs: the provisional plan never gives more steps than fit
-    (on the 0.5B shape on a 2-core CPU it gives the one step the measured plan gives too).
-    The timings say ``source="provisional"``. ``kw``: :func:`plan_from_timings`'s."""
-    limit = 1 << 30 if limit is None else limit
-    buckets = [(c, h) for c in ctx_buckets for h in hole_buckets if c + h <= limit]
-    if not buckets:
-        buckets = [(min(ctx_buckets), h) for h in hole_buckets if h < limit]
-    if not buckets:
-        raise NoBucketFits(f"no hole bucket fits max_position_embeddings={limit}")
-    per_token = ms / max(1, tokens)
-    timings = []
-    for c, h in buckets:
-        n = step_tokens(rows, c, h, shared_context)
-        row = per_token * (step_tokens(rows + 1, c, h, shared_context) - n)
-        full = per_token * n
-        timings.append(BucketTiming(c, h, rows, round(full, 4), round(full, 4), source=PROVISIONAL,
-                                    row_ms=round(row, 4), block_row_ms=round(row, 4)))
-    return plan_from_timings(timings, budget_ms, shared_context=shared_context,
-                             measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                             **kw)
-
-
-def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
-                   refresh_every: int = 1, repeats: int = 5, warmup: int = 1,
-                   overhead: bool | int = True, shared: bool = False,
-                   statistic: Callable[[list[float]], float] = statistics.median) -> BucketTiming:
-    """Time one full step, one cached step and (``overhead``) the per-request overhead
-    for a bucket: ``statistic`` (median; the engine's warm-up takes the fastest, the
-    cost without the machine's other work) of ``repeats`` after ``warmup`` calls (an int
-    ``overhead``: that many repeats for the overhead instead).
-
-    ``rows`` candidate lengths (``hole``, ``hole // 2``, ...) share the batch, as
-    the engine's default lengths do. ``shared``: the steps with one context per request
-    (:class:`~diffill.model.cache.SharedContext`), as the engine runs them on a CPU.
-    """
-
-    dev = next(model.parameters()).device
-    sp = SpecialIds.from_config(cfg)
-    lengths = sorted({max(1, hole >> i) for i in range(rows)}, reverse=True)
-    while len(lengths) < rows:
-        lengths.append(lengths[-1])
-    prefix, suffix = synthetic_request(cfg, ctx)
-    cv = build_canvas(cfg, prefix, suffix, lengths, dev)
-    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits,  # greedy, fixed steps
-                    vocab=cfg.vocab_size)
-    L, N = cv.valid.shape
-
-    def fresh() -> DenoiseState:
-        return initial_state(cv)
-
-    def stepped() -> Any:
-        if shared:
-            return SharedContext(model, cv, shift=cfg.shift_logits, refresh_every=1)
-        return model
-
-    full = statistic(time_ms(lambda: denoise_step(stepped(), cv, fresh(), 2, spec), dev,
-                             warmup=warmup, repeats=repeats))
-    block = full
-    if refresh_every > 1:
-        kind = SharedContext if shared else DualCache
-        fwd = kind(model, cv, shift=cfg.shift_logits, refresh_every=ONCE)
-        denoise_step(fwd, cv, fresh(), 2, spec)  # the refresh
-        block = statistic(time_ms(lambda: denoise_step(fwd, cv, fresh(), 2, spec), dev,
-                                  warmup=warmup, repeats=repeats))
-    extra = 0.0
-    if overhead:
-        one = statistic(time_ms(  # the full steps above warmed these shapes up already
-            lambda: _one_step(model, cfg, prefix, suffix, tuple(lengths), shared),
-            dev, warmup=0, repeats=repeats if overhead is True else int(overhead)))
-        extra = max(0.0, one - full)
-    return BucketTiming(ctx, hole, L, round(full, 4), round(block, 4), round(extra, 4))
-
-
-def _one_step(model: Any, cfg: Any, prefix: list[int], suffix: list[int],
-              lengths: tuple[int, ...], shared: bool) -> Any:
-    sc = SamplerConfig(steps=1, lengths=lengths)
-    if shared:
-        return infill_cached(model, cfg, prefix, suffix, sc, refresh_every=1, shared=True)
-    return infill(model, cfg, prefix, suffix, sc)
-
-
-def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
-                 ctx_buckets: Sequence[int] = CTX_BUCKETS, hole_buckets: Sequence[int] = HOLE_BUCKETS,
-                 rows: int = 3, refresh_every: int = 1, repeats: int = 5, min_steps: int = 1,
-                 max_steps: int = DEFAULT_MAX_STEPS, threshold: float | None = DEFAULT_THRESHOLD,
-                 model_name: str = "", shared_context: bool = False,
-                 statistic: Callable[[list[float]], float] = statistics.median,
-                 fit_ctx: int | None = None) -> StepPlan:
-    """Time the buckets that fit the model's positions and build the plan at ``rows`` canvas
-    rows, pricing other row counts (a request's drafts add rows) per bucket:
-
-    * every bucket (CUDA), then the largest again with twice the rows, whose difference
-      prices a row (``row_ms``, in proportion to each bucket's tokens);
-    * with ``fit`` (CPU, where warm-up must stay quick): two points only, the smallest
-      bucket with one row (cheap; it also pays the first call's costs and gives the
-      per-request overhead) and the largest with ``rows`` rows (half the ``repeats``: one
-      such step costs several small ones), and every bucket, rows included, from the cost
-      model through them (:func:`fit_timings`; module doc).
-
-    ``statistic``: see :func:`measure_bucket`; ``shared_context``: timed (and fitted) as
-    the engine runs a CPU step, one context per request. ``fit_ctx``: with ``fit``, the large
-    point is the largest bucket of at most this context (the contexts requests get): a 2K
-    context step of a 0.5B model peaks 0.4 GB above any default request; the larger buckets
-    come from the cost model."""
-    p = next(model.parameters())
-    limit = getattr(cfg, "max_position_embeddings", 1 << 30)
-    buckets = [(c, h) for c in ctx_buckets for h in hole_buckets if c + h <= limit]
-    measured_ctx = {b: b[0] for b in buckets}
-    if not buckets:  # a model smaller than the smallest context bucket: its longest context
-        c0 = min(ctx_buckets)  # stands in for that bucket (every request falls into it)
-        buckets = [(c0, h) for h in hole_buckets if h < limit]
-        measured_ctx = {(c, h): limit - h for c, h in buckets}
-    if not buckets:
-        raise NoBucketFits(f"no hole bucket fits max_position_embeddings={limit}")
-
-    def timed(b: tuple[int, int], n: int, **kw: Any) -> BucketTiming:
-        kw.setdefault("repeats", repeats)
-        t = measure_bucket(model, cfg, measured_ctx[b], b[1], rows=n, refresh_every=refresh_every,
-                           statistic=statistic, shared=shared_context, **kw)
-        return msgspec.structs.replace(t, ctx=b[0])
-
-    largest = max(buckets, key=lambda b: (b[0] + b[1], b))
-    if fit and fit_ctx is not None:
-        reach = [b for b in buckets if b[0] <= fit_ctx and b != min(buckets)]
-        largest = max(reach, key=lambda b: (b[0] + b[1], b)) if reach else largest
-    if fit:
-        small = timed(min(buckets), 1, overhead=1)
-        # the model is warm now; the overhead is per request, measured once (a few ms on a
-        # CPU, where a step takes tens); the large point costs several small ones, so half
-        # the repeats
-        large = timed(largest, rows, warmup=0, overhead=False, repeats=max(1, repeats // 2))
-        large = msgspec.structs.replace(large, overhead_ms=small.overhead_ms)
-        timings = fit_timings([small, large], buckets, rows, shared=shared_context)
-    else:
-        timings = [timed(b, rows) for b in buckets]
-        base = next(t for t in timings if (t.ctx, t.hole) == largest)
-        more = timed(largest, 2 * rows, overhead=False)
-        tokens = (step_tokens(2 * rows, *largest, shared_context)
-                  - step_tokens(rows, *largest, shared_context))
-        b_full = max(0.0, more.full_ms - base.full_ms) / tokens
-        b_block = max(0.0, more.block_ms - base.block_ms) / tokens
-        per = (lambda t: t.hole) if shared_context else (lambda t: t.ctx + t.hole)
-        timings = [msgspec.structs.replace(t, row_ms=round(b_full * per(t), 4),
-                                           block_row_ms=round(b_block * per(t), 4))
-                   for t in timings]
-    return plan_from_timings(
-        timings, budget_ms, refresh_every=refresh_every, min_steps=min_steps, max_steps=max_steps,
-        threshold=threshold, device=str(p.device), dtype=str(p.dtype).removeprefix("torch."),
-        model=model_name, shared_context=shared_context,
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-
-
-class StepDecision(msgspec.Struct, frozen=True):
-    """What :meth:`StepBudget.decide` chose for one request, carried back with its result
-    so that reports read it instead of deciding again. ``source``: ``"request"`` (the
-    request named its steps), ``"plan"`` (the plan's choice for its shapes, rows and
-    budget) or ``"default"`` (no plan: the sampler's steps). ``budget_ms``: the budget the
-    choice was made for (None when the request named its steps); ``bucket`` (ctx, hole),
-    ``predicted_ms`` and ``over_budget``: the plan's, where a plan chose."""
-
-    steps: int
-    source: str
-    max_steps: int
-    budget_ms: float | None = None
-    threshold: float | None = None
-    rows: int = 0
-    bucket: tuple[int, int] | None = None
-    predicted_ms: float | None = None
-    over_budget: bool = False
-
-    @property
-    def planned(self) -> bool:
-        """The budget chose the steps (the plan's, or the sampler's without a plan)."""
-        return self.source != "request"
-
-
-class StepBudget:
-    """The one owner of budget -> steps (module doc), one per engine: the budget it was
-    built with (None: the device's default), the bounds of a planned step count, and the
-    plan measured at warm-up (frozen; plans for other budgets derived from its timings)."""
-
-    def __init__(self, device_type: str, budget_ms: float | None = None, *,
-                 max_steps: int = DEFAULT_MAX_STEPS, plan: StepPlan | None = None) -> None:
-        if budget_ms is not None and budget_ms <= 0:
-            raise ValueError(f"budget_ms must be > 0, got {budget_ms}")
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-        self.device_type = device_type
-        self.configured_ms = budget_ms
-        self.max_steps = max_steps
-        self._plan = plan
-        self._derived: dict[float, StepPlan] = {}
-
-    @property
-    def plan(self) -> StepPlan | None:
-        """The plan measured at warm-up (or given); None until then."""
-        return self._plan
-
-    @plan.setter
-    def plan(self, plan: StepPlan | None) -> None:
-        self._derived = {}
-        self._plan = plan
-
-    def budget_ms(self, requested: float | None = None) -> float:
-        """The budget in force: the request's, else the configured one, else the one the
-        plan was made for (when a plan was given rather than measured), else the device's."""
-        if requested is not None:
-            return float(requested)
-        if self.configured_ms is not None:
-            return float(self.configured_ms)
-        if self._plan is not None:
-            return float(self._plan.budget_ms)
-        return default_budget_ms(self.device_type)
-
-    def plan_for(self, budget_ms: float) -> StepPlan | None:
-        """The frozen plan re-derived for ``budget_ms`` (None: nothing measured yet)."""
-        plan = self.plan
-        if plan is None or budget_ms == plan.budget_ms:
-            return plan
-        derived = self._derived.get(budget_ms)
-        if derived is None:
-            derived = plan.for_budget(budget_ms)
-            if len(self._derived) >= 32:  # a handful of budgets in practice; stay bounded
-                self._derived.clear()
-            self._derived[budget_ms] = derived
-        return derived
-
-    def steps_for(self, ctx_len: int, hole_len: int, budget_ms: float | None = None,
-                  rows: int | None = None, *, whole_canvases: bool = False,
-                  ) -> tuple[int, float | None] | None:
-        """(steps, threshold) for a request's shapes and canvas ``rows`` (None: the plan's
-        own), or None when no plan was measured. ``whole_canvases``: the request's decoder
-        runs every row's whole canvas at every step (DreamOn; :meth:`StepPlan.steps_for`)."""
-        plan = self.plan_for(self.budget_ms(budget_ms))
-        return None if plan is None else plan.steps_for(ctx_len, hole_len, rows,
-                                                        whole_canvases=whole_canvases)
-
-    def decide(self, ctx_len: int, hole_len: int, rows: int, *, budget_ms: float | None = None,
-               steps: int | None = None, default_steps: int = 8,
-               whole_canvases: bool = False) -> StepDecision:
-        """The steps of one request: ``steps`` when it names them, else the plan's choice for
-        its shapes, canvas ``rows`` and budget (``budget_ms``, else the one in force), else
-        (no plan) ``default_steps``. ``whole_canvases``: the request's decoder runs every row's
-        whole canvas at every step (DreamOn: :meth:`StepPlan.whole_canvas_choice`)."""
-        if steps is not None:
-            return StepDecision(int(steps), "request", self.max_steps, rows=rows)
-        budget = self.budget_ms(budget_ms)
-        plan = self.plan_for(budget)
-        if plan is None:
-            return StepDecision(default_steps, "default", self.max_steps, budget, rows=rows)
-        c = (plan.whole_canvas_choice(ctx_len, hole_len, rows) if whole_canvases
-             else plan.choice(ctx_len, hole_len, rows))
-        return StepDecision(c.steps, "plan", self.max_steps, budget, c.threshold, rows,
-                            (c.ctx, c.hole), c.predicted_ms, c.over_budget)
-
-    def summary(self) -> dict[str, Any]:
-        """For status reports: the budget, and what the plan was built from."""
-        plan = self.plan
-        return {
-            "latency_budget_ms": self.budget_ms(),
-            "max_steps": self.max_steps,
-            "step_plan": None if plan is None else {
-                "measured_at": plan.measured_at,
-                "buckets": len(plan.timings),
-                "fitted": sum(t.source == "fitted" for t in plan.timings),
-                "provisional": any(t.source == PROVISIONAL for t in plan.timings),
-                "steps": {f"{c.ctx}x{c.hole}": c.steps for c in plan.choices},
-            },
-        }

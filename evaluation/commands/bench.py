@@ -27,10 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from ...lsp_server.commands import add_threads_option, check_threads, configure_threads
+from ...model.asks import EngineAsk
+from ...model.budget import StepBudget
 from ...model.decoder.spec import SamplerConfig
-from ...model.engine import Engine, EngineAsk, EngineOptions
+from ...model.engine import Engine
+from ...model.engine_options import EngineOptions
 from ...model.loader import DTYPES
-from ...model.plan import StepBudget, describe_plan, measure_plan
+from ...model.measure import measure_plan
+from ...model.plan import describe_plan
 from ...model.runtime import resolve_device
 from .. import bench
 from ..bench import PRESETS, BenchOptions, percentile
@@ -329,7 +333,7 @@ def bench_lsp(model: str, n: int, *, device: str = "cpu", log=print,
     Returns e2e p50/p95 and the server overhead (e2e p50 minus the server's own
     model-time p50 from ``diffill/status``), the model calls each request made (mean, max)
     and p95 over the latency budget the server's requests had (its ``latencyBudgetMs``, else
-    the device's default: :class:`~diffill.model.plan.StepBudget`). Then ``n`` requests
+    the device's default: :class:`~diffill.model.budget.StepBudget`). Then ``n`` requests
     after a half-typed new name (:func:`_typed_document`: two model calls each), reported
     under ``typed``."""
     argv = [sys.executable, "-m", "diffill.cli", "serve", "--model", model,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from ..text.context import FimContext
 
 if TYPE_CHECKING:  # the model side imports torch; the server imports this before `initialize`
-    from ...model.plan import StepDecision
+    from ...model.budget import StepDecision
 
 CancelFn = Callable[[], bool]
 """Returns True when the request should stop (checked between diffusion steps)."""
@@ -66,7 +66,7 @@ class InfillAsk:
 @dataclass(frozen=True)
 class InfillResult:
     """A backend's answer: the candidates, best first, and the step decision they were made
-    under (:class:`~diffill.model.plan.StepDecision`; None where the backend does not say,
+    under (:class:`~diffill.model.budget.StepDecision`; None where the backend does not say,
     e.g. a remote endpoint)."""
 
     candidates: list[Candidate]

@@ -50,8 +50,8 @@ from .backend_api import (
 from .remote import load_remote_backend
 
 if TYPE_CHECKING:  # the model side imports torch; only the types are needed here
+    from ...model.asks import EngineAsk, InfillOutcome
     from ...model.config import ModelConfig
-    from ...model.engine import EngineAsk, InfillOutcome
 
 log = logging.getLogger("diffill.backends")
 
@@ -165,8 +165,8 @@ class LocalBackend:
         The steps: ``ask.steps``, else the engine's step plan for ``ask.budget_ms``.
         ``drafts`` are tokenized here and verified by the engine in the same batch. The
         document's path is the engine's ``context_key`` (its context kept for the next request)."""
+        from ...model.asks import EngineAsk  # torch: as above
         from ...model.decoder.spec import InfillCancelled  # torch: loaded with the model
-        from ...model.engine import EngineAsk  # torch: as above
 
         check = self._wrap_cancel(ask.cancel)
         self.model_calls += 1
@@ -202,7 +202,7 @@ class LocalBackend:
         took more than :data:`QUICK_PLAN_MS` (a model whose plan takes a minute or more to
         measure there: the 0.5B shape's largest bucket alone is a step of seconds), the plan
         is measured on a background thread and the server is ready now: requests meanwhile
-        follow :func:`~diffill.model.plan.provisional_plan` from that request's time, which
+        follow :func:`~diffill.model.measure.provisional_plan` from that request's time, which
         never allows more steps than fit (its timings say ``provisional``, and so does
         :meth:`describe`'s ``step_plan.provisional``). A faster model is planned here, as before."""
         eng = self.engine
@@ -214,7 +214,8 @@ class LocalBackend:
         if ms <= QUICK_PLAN_MS:
             eng.warmup()
             return
-        from ...model.plan import NoBucketFits, provisional_plan  # torch: loaded with the model
+        from ...model.measure import provisional_plan  # torch: loaded with the model
+        from ...model.plan import NoBucketFits  # torch: loaded with the model
 
         try:
             eng.plan = provisional_plan(
@@ -244,9 +245,10 @@ class LocalBackend:
 
     def _tiny_request(self) -> tuple[float, int, int]:
         """One request of a few tokens, one row, one step, timed: (ms, step tokens, rows)."""
+        from ...model.asks import EngineAsk  # torch: loaded with the model
         from ...model.decoder.canvas import canvas_length  # torch: as above
-        from ...model.engine import EngineAsk  # torch: loaded with the model
-        from ...model.plan import step_tokens, synthetic_request  # torch: as above
+        from ...model.measure import synthetic_request  # torch: as above
+        from ...model.plan import step_tokens  # torch: as above
 
         eng = self.engine
         prefix, suffix = synthetic_request(eng.config, TINY_CONTEXT)
@@ -262,7 +264,7 @@ class LocalBackend:
         CPU, without the engine's lock, so requests run meanwhile (a model's forward holds no
         state). The thread runs at a lower priority (nice +10 on Linux): a request's steps
         come first, and the plan measured under them errs slow (fewer steps), never fast."""
-        from ...model.plan import measure_plan  # torch: loaded with the model
+        from ...model.measure import measure_plan  # torch: loaded with the model
 
         eng = self.engine
         with contextlib.suppress(AttributeError, OSError):
@@ -351,7 +353,8 @@ def load_local_backend(
     the completer passes each call its request's budget in the ask) and the ``recipe`` override (``recipe`` given here
     wins); ``max_steps`` bounds the steps its plan chooses."""
     from ...model import load_model  # torch: the server imports this module before `initialize`
-    from ...model.engine import Engine, EngineOptions  # torch: as above
+    from ...model.engine import Engine  # torch: as above
+    from ...model.engine_options import EngineOptions  # torch: as above
     from ...model.runtime import resolve_device  # torch: as above
 
     if recipe is None and options is not None:

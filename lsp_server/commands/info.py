@@ -19,8 +19,10 @@ from typing import Any
 import msgspec
 
 from ...model.attention import resolved_backend
+from ...model.budget import StepBudget
 from ...model.loader import LoadedModel, load_model
-from ...model.plan import StepBudget, describe_plan, measure_plan
+from ...model.measure import measure_plan
+from ...model.plan import describe_plan
 from ...model.recipes import describe
 from . import add_recipe_option, add_threads_option, check_threads, configure_threads
 

@@ -38,7 +38,7 @@ from ..text.syntax import SyntaxGuard
 from .options import WIRE_NAMES, CompletionOptions, merge_options
 
 if TYPE_CHECKING:  # the model side imports torch; only the type is needed here
-    from ...model.plan import StepDecision
+    from ...model.budget import StepDecision
 
 MODEL = "model"
 """``Suggestion.source`` of the model's own candidates."""

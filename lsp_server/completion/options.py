@@ -54,7 +54,7 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     ``DIFFILL_CONTEXT`` sets the same for a process."""
     latency_budget_ms: Annotated[float, Meta(gt=0, le=60_000)] | None = None
     """Target model time per request; the local engine's step plan picks the step count to
-    fit it. ``None``: the device's default (``diffill.model.plan.DEFAULT_BUDGET_MS``: 25 ms
+    fit it. ``None``: the device's default (``diffill.model.limits.DEFAULT_BUDGET_MS``: 25 ms
     on a GPU, 200 ms on a CPU)."""
     steps: Annotated[int, Meta(ge=1, le=512)] | None = None
     """Fixed number of refinement steps; ``None`` = chosen from ``latencyBudgetMs``."""

@@ -12,7 +12,7 @@ shapes:
   as one token per character when that is fewer (a token holds at least one
   character, so this never under-prices a short prompt by more than the bucket);
 * hole: ``max_tokens``; rows: the candidate hole lengths the engine will run
-  (:func:`~diffill.model.engine.default_lengths` of ``max_tokens`` and ``n``);
+  (:func:`~diffill.model.asks.default_lengths` of ``max_tokens`` and ``n``);
 * steps: the request's ``steps``, else what the plan picks for its latency budget;
 * a shape beyond the largest measured bucket is priced from that bucket scaled by the
   canvas length (the bucket's context + the request's hole, over the bucket's canvas).
@@ -75,7 +75,7 @@ def price(backend: Any, *, ctx_tokens: int, max_tokens: int, n: int = 1,
     plan = step_plan(backend)
     if plan is None or not plan.timings:
         return None
-    from ...model.engine import default_lengths  # torch: loaded with the model
+    from ...model.asks import default_lengths  # torch: loaded with the model
     from ...model.plan import predict_ms  # as above
 
     rows = len(default_lengths(max_tokens, n))

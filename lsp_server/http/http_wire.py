@@ -276,7 +276,7 @@ class FillResult:
     """The rest of the worker's time: context, tokenising, healing, post-processing."""
     steps_planned: int | None = None
     """The steps the model ran with when the request or the server named them (None: the
-    latency budget chose them, :class:`~diffill.model.plan.StepDecision`)."""
+    latency budget chose them, :class:`~diffill.model.budget.StepDecision`)."""
     budget_ms: float | None = None
     """The latency budget the steps were chosen for (None: named steps, or no budget kept)."""
     max_steps: int | None = None

@@ -45,7 +45,8 @@ What it shares with the first decoder's loop (:func:`~.loop.run_steps`) and what
 takes the same requests (:class:`~.loop.InfillRequest`) and answers them the same way (per
 request its candidates or its :class:`~.spec.InfillCancelled`); it batches the rows of
 several requests (:func:`decode_dreamon`; the engine hands it a group of requests as it
-hands the loop one); each request's cancel callback is asked before every step and a
+hands the loop one, through :func:`decode_dreamon_with_drafts`, which verifies their drafts
+first); each request's cancel callback is asked before every step and a
 cancelled request's rows go while the others go on, as there; the candidates are trimmed
 and ranked by the same functions (:func:`~.loop.trim_middle`, :func:`~.loop.rank_candidates`).
 The loop's :class:`~.canvas.Canvas`, :class:`~.loop.Rows` and steppers are not used: they
@@ -65,7 +66,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -307,6 +308,40 @@ def decode_dreamon(model: Any, cfg: ModelConfig, requests: Sequence[InfillReques
         step += 1
     return [cancelled[i] if i in cancelled else _finish(su.rows, sp, dedup)
             for i, su in enumerate(setups)]
+
+
+def decode_dreamon_with_drafts(
+    model: Any, cfg: ModelConfig, batch: Sequence[InfillRequest],
+    verify: Callable[[list[InfillRequest]], list[list[Infill] | InfillCancelled]],
+) -> list[list[Infill] | BaseException]:
+    """DreamOn's decoding of the engine's batch (:func:`decode_dreamon`: the rows of all its
+    requests in one forward per step). Each request's drafts are verified first, by the first
+    decoder's rule on a fixed canvas of the longest starting length (one forward of
+    ``verify``, the engine's batch of the first decoder): ``wanted`` verified drafts answer; otherwise DreamOn decodes as usual
+    and the verified drafts are ranked with its candidates (a partly accepted draft is
+    not carried over: the hole it would sit in changes length)."""
+    out: list[list[Infill] | BaseException | None] = [None] * len(batch)
+    verified: list[list[Infill]] = [[] for _ in batch]
+    for i, req in enumerate(batch):
+        if req.drafts:
+            sc = replace(req.sampler, steps=1, threshold=None,
+                                     lengths=(max(req.sampler.lengths),))
+            (res,) = verify([replace(req, sampler=sc)])
+            if isinstance(res, InfillCancelled):
+                out[i] = res
+                continue
+            verified[i] = [c for c in res if c.verified]
+            if len(verified[i]) >= req.wanted:
+                out[i] = verified[i]
+    rest = [i for i, o in enumerate(out) if o is None]
+    own = decode_dreamon(model, cfg, [batch[i] for i in rest]) if rest else []
+    for i, res in zip(rest, own, strict=True):
+        if isinstance(res, InfillCancelled):
+            out[i] = res
+        else:
+            both = verified[i] + res
+            out[i] = rank_candidates(both, list(range(len(both))), True)
+    return [o for o in out if o is not None]  # every request has its answer
 
 
 def infill_dreamon(

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffill.model.asks import EngineAsk
 from diffill.model.cache import infill_cached
 from diffill.model.decoder.loop import infill
 from diffill.model.decoder.spec import SamplerConfig
-from diffill.model.engine import Engine, EngineAsk, EngineOptions
+from diffill.model.engine import Engine
+from diffill.model.engine_options import EngineOptions
 from diffill.model.loader import LoadedModel
 from support import one_batch, tiny_model
 

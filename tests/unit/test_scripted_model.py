@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from diffill.model import load_model
+from diffill.model.asks import EngineAsk
 from diffill.model.decoder.loop import infill
 from diffill.model.decoder.spec import SamplerConfig, Strategy
-from diffill.model.engine import Engine, EngineAsk, EngineOptions
+from diffill.model.engine import Engine
+from diffill.model.engine_options import EngineOptions
 from support.scripted_model import RULES, Rule, ScriptError, compile_rules, load_shipped_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

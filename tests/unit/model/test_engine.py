@@ -6,9 +6,11 @@ import threading
 
 import pytest
 import torch
+from diffill.model.asks import EngineAsk
 from diffill.model.decoder.loop import infill
 from diffill.model.decoder.spec import InfillCancelled, SamplerConfig
-from diffill.model.engine import Engine, EngineAsk, EngineOptions, default_lengths
+from diffill.model.engine import Engine
+from diffill.model.engine_options import EngineOptions
 from diffill.model.loader import LoadedModel
 from diffill.model.transformer import Transformer
 from support import tiny_lm
@@ -23,20 +25,6 @@ BOS, EOS, PAD, MASK = 36, 37, 38, 39
 def make_lm(max_pos: int = 64) -> LoadedModel:
     return tiny_lm(0, std=0.4, weak_pad=True, vocab_size=V, mask_token_id=MASK, pad_token_id=PAD,
                    eos_token_id=EOS, bos_token_id=BOS, max_position_embeddings=max_pos)
-
-
-def test_default_lengths():
-    assert default_lengths(32) == (8, 16, 32)
-    assert default_lengths(3) == (1, 3)
-    assert default_lengths(1) == (1,)
-    assert default_lengths(5) == (1, 2, 5)
-    # the number of distinct middles wanted: at least three lengths, more for more
-    assert default_lengths(32, 1) == default_lengths(32, 2) == default_lengths(32, 3) == (8, 16, 32)
-    assert default_lengths(32, 5) == (2, 4, 8, 16, 32)
-    assert default_lengths(32, 16) == (1, 2, 4, 8, 16, 32)  # max_tokens runs out first
-    assert default_lengths(3, 3) == (1, 3)
-    with pytest.raises(ValueError):
-        default_lengths(0)
 
 
 def test_engine_steps_come_from_its_step_budget():

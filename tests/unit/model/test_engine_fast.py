@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffill.model.asks import EngineAsk
 from diffill.model.cache import infill_cached
 from diffill.model.decoder.loop import infill
 from diffill.model.decoder.spec import InfillCancelled, SamplerConfig, Strategy
-from diffill.model.engine import ONCE, Engine, EngineAsk, EngineOptions
+from diffill.model.engine import ONCE, Engine
+from diffill.model.engine_options import EngineOptions
 from diffill.model.loader import LoadedModel
 from diffill.model.plan import BucketTiming, describe_plan, plan_from_timings
 from diffill.model.transformer import Transformer
@@ -148,15 +150,6 @@ def test_plan_chooses_steps_when_the_request_names_none():
     assert eng.make_request(EngineAsk([4], [5], lengths=(16,), steps=7)).sampler.steps == 7
     res = eng.infill(EngineAsk(list(range(4, 40)), [5], lengths=(16,)))
     assert res and res[0].steps <= 5
-
-
-def test_bad_options():
-    with pytest.raises(ValueError):
-        EngineOptions(refresh_every=0)
-    with pytest.raises(ValueError):
-        EngineOptions(select_impl="cuda")
-    with pytest.raises(ValueError):
-        EngineOptions(max_batch_rows=0)
 
 
 @pytest.mark.parametrize("refresh", [1, 2])

@@ -1,25 +1,22 @@
-"""Step budget: the chooser on synthetic timings, the JSON plan, measuring, the budget owner."""
+"""The step plan: the chooser on synthetic timings, the fitted cost model, the JSON plan."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
+from diffill.model.budget import StepBudget
 from diffill.model.plan import (
     BucketTiming,
-    StepBudget,
     StepPlan,
     bucket,
     choose,
-    default_budget_ms,
     describe_plan,
     fit_timings,
-    measure_plan,
     plan_from_timings,
     predict_ms,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import tiny_model
 
 
 def test_bucket():
@@ -71,18 +68,26 @@ def test_whole_canvases_are_priced_as_full_forwards():
     assert StepBudget("cpu", plan=shared).steps_for(100, 16, rows=3, whole_canvases=True) == (2, 0.9)
 
 
-def test_step_budget_decides_and_says_why():
-    t = BucketTiming(ctx=1024, hole=16, rows=3, full_ms=2.0, block_ms=0.5, overhead_ms=1.0)
-    sb = StepBudget("cpu", plan=plan_from_timings([t], 25.0))
-    d = sb.decide(600, 16, 3)  # the plan's own budget and rows
-    assert (d.steps, d.source, d.budget_ms, d.bucket, d.predicted_ms, d.over_budget) == (
-        12, "plan", 25.0, (1024, 16), 25.0, False)
-    assert (d.threshold, d.max_steps, d.planned) == (0.9, sb.max_steps, True)
-    assert sb.decide(600, 16, 3, budget_ms=1e-3).over_budget  # nothing fits: the fewest steps
-    forced = sb.decide(600, 16, 3, budget_ms=1e-3, steps=5)
-    assert (forced.steps, forced.source, forced.budget_ms, forced.planned) == (5, "request", None, False)
-    none = StepBudget("cpu").decide(600, 16, 3, default_steps=8)  # no plan: the sampler's steps
-    assert (none.steps, none.source, none.budget_ms, none.bucket) == (8, "default", 200.0, None)
+def test_a_request_larger_than_its_bucket_is_priced_for_its_size():
+    """The shipped model's 512 positions leave one context bucket (256): a request of 478
+    context tokens falls back to it and is priced for the tokens its step runs, never below
+    the timed figure; one within the bucket keeps the plan's choice."""
+    t = BucketTiming(ctx=256, hole=16, rows=3, full_ms=30.0, block_ms=30.0, overhead_ms=0.0,
+                     row_ms=9.0, block_row_ms=9.0)
+    plan = plan_from_timings([t], 200.0)
+    assert plan.choice(200, 16) is plan.choices[0] and plan.steps_for(256, 16) == (6, 0.9)
+    # 3 x (478 + 16) tokens a step against 3 x (256 + 16) timed: 54.5 ms a step
+    big = plan.choice(478, 16)
+    assert (big.ctx, big.hole, big.steps, big.predicted_ms) == (256, 16, 3, 163.456)
+    assert plan.steps_for(478, 16, rows=4) == (2, 0.9)  # a row more costs its larger canvas
+    assert plan.steps_for(478, 16, rows=1) == (9, 0.9)
+    d = StepBudget("cpu", plan=plan).decide(478, 16, 3)
+    assert (d.steps, d.bucket, d.over_budget) == (3, (256, 16), False)
+    # one context per request, the context computed once: the first step and the rest scaled
+    # alike, (478 + 3 x 16) / (256 + 3 x 16) tokens
+    once = plan_from_timings([msgspec.structs.replace(t, block_ms=10.0)], 200.0,
+                             refresh_every=1 << 30, shared_context=True)
+    assert once.steps_for(200, 16) == (16, None) and once.steps_for(478, 16) == (9, 0.9)
 
 
 def test_choose_on_synthetic_timings():
@@ -139,57 +144,6 @@ def test_plan_json_round_trip_lookup_and_description():
     assert len(text.splitlines()) == 2 + len(timings)
 
 
-def _tiny():
-    return tiny_model(0, vocab_size=50, max_position_embeddings=300)
-
-
-def test_measure_plan_on_a_tiny_model():
-    model, cfg = _tiny()
-    plan = measure_plan(model, cfg, budget_ms=1e9, ctx_buckets=(32, 64, 512), hole_buckets=(8,),
-                        rows=2, refresh_every=2, repeats=1, max_steps=4)
-    assert [(t.ctx, t.hole) for t in plan.timings] == [(32, 8), (64, 8)]  # 512 exceeds 300 positions
-    assert all(t.full_ms > 0 and t.block_ms > 0 and t.rows == 2 for t in plan.timings)
-    assert all(t.row_ms >= 0 and t.block_row_ms >= 0 for t in plan.timings)  # from 4 rows at (64, 8)
-    assert all(c.steps == 4 for c in plan.choices)
-    # a model below the smallest context bucket: its own longest context stands in for it
-    small, scfg = tiny_model(0, vocab_size=50, max_position_embeddings=40)
-    plan = measure_plan(small, scfg, budget_ms=1e9, hole_buckets=(8, 16, 64), rows=2, repeats=1)
-    assert [(t.ctx, t.hole) for t in plan.timings] == [(256, 8), (256, 16)]
-    assert plan.steps_for(20, 8) == (8, None)
-
-
-# -- the one owner of budget -> steps ----------------------------------------------------------
-
-
-def test_default_budget_by_device():
-    assert default_budget_ms("cuda") == 25.0 and default_budget_ms("cpu") == 200.0
-    assert default_budget_ms("mps") == 25.0  # other accelerators: the GPU target
-
-
-def test_step_budget_resolves_the_budget_and_re_derives_the_frozen_plan():
-    timings = [BucketTiming(ctx=256, hole=h, rows=3, full_ms=2.0, block_ms=2.0) for h in (8, 16, 32, 64)]
-    plan = plan_from_timings(timings, 25.0, max_steps=16)
-    assert StepBudget("cpu").budget_ms() == 200.0  # nothing configured: the device's
-    assert StepBudget("cuda").budget_ms() == 25.0
-    assert StepBudget("cpu", 50.0).budget_ms() == 50.0 and StepBudget("cpu", 50.0).budget_ms(12.0) == 12.0
-    assert StepBudget("cpu", plan=plan).budget_ms() == 25.0  # a given plan: its budget
-    assert StepBudget("cpu").steps_for(100, 16) is None  # nothing measured: no planned steps
-    sb = StepBudget("cpu", plan=plan)
-    assert sb.steps_for(100, 16) == (12, 0.9)  # 12 x 2 ms fit 25 ms
-    assert sb.steps_for(100, 16, 10.0) == (5, 0.9)  # another budget: the same timings
-    derived = sb.plan_for(10.0)
-    assert derived.budget_ms == 10.0 and derived.timings == plan.timings
-    assert all(c.predicted_ms <= 10.0 or c.over_budget for c in derived.choices)
-    assert sb.plan_for(10.0) is derived and sb.plan is plan  # cached; the plan stays frozen
-    assert sb.steps_for(100, 8, 1e6) == (8, None)  # never more steps than slots
-    sb.plan = plan_from_timings(timings, 25.0, max_steps=4)  # a new measurement replaces it
-    assert sb.steps_for(100, 16, 10.0) == (4, 0.9)
-    summary = sb.summary()
-    assert summary["latency_budget_ms"] == 25.0 and summary["step_plan"]["steps"]["256x16"] == 4
-    with pytest.raises(ValueError):
-        StepBudget("cpu", 0.0)
-
-
 def test_fit_timings_predicts_unmeasured_buckets_linearly_in_tokens():
     rows = 3
     measured = [BucketTiming(ctx=256, hole=8, rows=rows, full_ms=1.0 + 0.01 * rows * 264,
@@ -237,26 +191,3 @@ def test_fit_timings_through_points_that_differ_in_rows():
         assert t.row_ms == pytest.approx(0.02 * (c + h), abs=1e-3)
         for rows in (1, 4, 6):  # the other row counts, priced
             assert t.step_ms(rows)[0] == pytest.approx(cost(rows, c, h), abs=1e-3)
-
-
-def test_measure_plan_with_a_fit_times_two_buckets():
-    model, cfg = _tiny()
-    plan = measure_plan(model, cfg, budget_ms=1e9, fit=True, ctx_buckets=(32, 64, 128),
-                        hole_buckets=(8, 16), rows=2, repeats=1, max_steps=4)
-    src = {(t.ctx, t.hole): t.source for t in plan.timings}
-    # the smallest bucket is timed with one row (cheap), so at the plan's two rows it is fitted
-    assert src == {(32, 8): "fitted", (32, 16): "fitted", (64, 8): "fitted", (64, 16): "fitted",
-                   (128, 8): "fitted", (128, 16): "measured"}
-    assert all(t.full_ms > 0 and t.rows == 2 and t.row_ms >= 0 for t in plan.timings)
-    assert all(c.steps == 4 for c in plan.choices)
-
-
-def test_a_fit_measures_no_context_beyond_fit_ctx():
-    """``fit_ctx`` (the background plan on a CPU): the large point is the largest bucket of
-    at most that context; the larger contexts come from the cost model."""
-    model, cfg = _tiny()
-    plan = measure_plan(model, cfg, budget_ms=1e9, fit=True, ctx_buckets=(32, 64, 128),
-                        hole_buckets=(8, 16), rows=2, repeats=1, max_steps=4, fit_ctx=64)
-    src = {(t.ctx, t.hole): t.source for t in plan.timings}
-    assert [b for b, s in src.items() if s == "measured"] == [(64, 16)]
-    assert src[(128, 16)] == "fitted" and all(t.full_ms > 0 for t in plan.timings)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diffill.model.asks import EngineAsk
 from diffill.model.cache import SharedContext, shift_keys
 from diffill.model.decoder.canvas import build_canvas
 from diffill.model.decoder.spec import SamplerConfig, StepSpec
-from diffill.model.engine import Engine, EngineAsk, EngineOptions
+from diffill.model.engine import Engine
+from diffill.model.engine_options import EngineOptions
 from diffill.model.reuse import (
     Kept,
     ReusedContext,

@@ -32,9 +32,9 @@ class _FakeEngine:
         self.warmed = 0
 
     def infill(self, ask):
+        from diffill.model.asks import InfillOutcome
+        from diffill.model.budget import StepDecision
         from diffill.model.decoder.spec import Infill
-        from diffill.model.engine import InfillOutcome
-        from diffill.model.plan import StepDecision
 
         self.calls.append({"max_tokens": ask.max_tokens, "candidates": ask.candidates,
                            "steps": ask.steps, "budget_ms": ask.budget_ms,
@@ -91,7 +91,8 @@ def test_local_backend_steps_do_not_drift_with_load():
     """The same request gets the same steps however slow the previous ones were: the
     engine's plan is frozen at warm-up (issue 19: no server-wide running average)."""
     from diffill.lsp_server.backend.backends import LocalBackend
-    from diffill.model.engine import Engine, EngineAsk
+    from diffill.model.asks import EngineAsk
+    from diffill.model.engine import Engine
     from diffill.model.plan import BucketTiming, plan_from_timings
     from support import tiny_lm
 
@@ -140,18 +141,18 @@ def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
     import threading
 
     from diffill.lsp_server.backend import backends
-    from diffill.model import plan as plan_mod
+    from diffill.model import measure as measure_mod
 
     monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)  # every model counts as slow
     monkeypatch.setattr(backends, "BACKGROUND_PLAN_PARAMS", 0)  # and as big
     release = threading.Event()
-    real = plan_mod.measure_plan
+    real = measure_mod.measure_plan
 
     def held(*a, **kw):
         release.wait(30)
         return real(*a, **kw)
 
-    monkeypatch.setattr(plan_mod, "measure_plan", held)
+    monkeypatch.setattr(measure_mod, "measure_plan", held)
     b = backends.LocalBackend(_real_engine(), step_delay_s=0)
     b.warmup()
     prov = b.engine.plan
@@ -174,12 +175,12 @@ def test_the_background_plan_stops_at_its_next_layer(monkeypatch):
     import threading
 
     from diffill.lsp_server.backend import backends
-    from diffill.model import plan as plan_mod
+    from diffill.model import measure as measure_mod
 
     monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)
     monkeypatch.setattr(backends, "BACKGROUND_PLAN_PARAMS", 0)
     release = threading.Event()
-    real = plan_mod.measure_plan
+    real = measure_mod.measure_plan
     ran = []
 
     def held(*a, **kw):
@@ -187,7 +188,7 @@ def test_the_background_plan_stops_at_its_next_layer(monkeypatch):
         ran.append(True)
         return real(*a, **kw)
 
-    monkeypatch.setattr(plan_mod, "measure_plan", held)
+    monkeypatch.setattr(measure_mod, "measure_plan", held)
     b = backends.LocalBackend(_real_engine(), step_delay_s=0)
     b.warmup()
     prov = b.engine.plan

@@ -26,7 +26,8 @@ from diffill.lsp_server.backend.backends import InfillAsk, LocalBackend
 from diffill.lsp_server.completion.completer import Completer
 from diffill.lsp_server.completion.options import CompletionOptions
 from diffill.lsp_server.http.http_wire import RequestError, cut_at_stop, log_target, parse_request
-from diffill.model.engine import Engine, EngineAsk
+from diffill.model.asks import EngineAsk
+from diffill.model.engine import Engine
 from support.http_serving import (
     AUTH,
     OPTS,

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffill.model.asks import EngineAsk, default_sampler
 from diffill.model.config import ModelConfig
 from diffill.model.decoder.loop import InfillRequest, check_request, infill
 from diffill.model.decoder.reference import infill_reference
 from diffill.model.decoder.spec import Infill, InfillCancelled, SamplerConfig
-from diffill.model.engine import Engine, EngineAsk, EngineOptions, default_sampler
+from diffill.model.engine import Engine
+from diffill.model.engine_options import EngineOptions
 from diffill.model.limits import MAX_DRAFTS
 from diffill.model.loader import LoadedModel
 from diffill.model.recipes import CanvasRecipe

@@ -1,16 +1,16 @@
-"""plan.provisional_plan (issue 25): the plan a slow CPU model follows while its plan is
+"""measure.provisional_plan (issue 25): the plan a slow CPU model follows while its plan is
 measured in the background, priced in proportion to step tokens from one tiny request."""
 
 from __future__ import annotations
 
 import pytest
+from diffill.model.measure import provisional_plan
 from diffill.model.plan import (
     PROVISIONAL,
     BucketTiming,
     NoBucketFits,
     plan_from_timings,
     predict_ms,
-    provisional_plan,
     step_tokens,
 )
 
