@@ -43,10 +43,11 @@ AUTO_INT8_PARAMS = 100_000_000
 """``auto`` leaves fp32 on a CPU (for int8 or bf16) from this many parameters up (:func:`resolve_weights`)."""
 AUTO_BF16 = False
 """Whether ``auto`` picks bf16 where the CPU has native bf16 matmuls. Not yet: on the 0.5B shape
-on an AMX Xeon bf16 requests were faster than int8, but the process peaked at ~1.4 GB (the
-file's 0.99 GB of bf16 weights, mapped, plus ~0.35 GB of process and activations) against
-int8's ~1.0 GB and issue 25's 1.2 GB (BENCHMARKS.md, *bf16 weights on a CPU with AMX*).
-``DIFFILL_WEIGHTS=bf16`` / ``weights='bf16'`` choose it."""
+on an AMX Xeon a cold request was 1.2-2.1x faster than int8 but a reused-context keystroke was
+not (0.85-1.5x), and the process peaked at 1.46-1.60 GB (the file's 0.99 GB of bf16 weights,
+mapped, plus ~0.35 GB of process and activations) against int8's 0.96-1.23 GB and issue 25's
+1.2 GB (BENCHMARKS.md, *bf16 weights on a CPU with AMX*). ``DIFFILL_WEIGHTS=bf16`` /
+``weights='bf16'`` choose it."""
 
 
 def int8_available() -> bool:
