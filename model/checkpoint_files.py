@@ -182,12 +182,15 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 def read_tensors(
     plan: dict[str, TensorEntry], device: torch.device, dtype: torch.dtype, out: dict[str, torch.Tensor],
+    mapped: bool = False,
 ) -> None:
     """Read each planned tensor from its memory-mapped file into ``out`` (Transformer
     name -> tensor), converted to ``dtype`` on ``device`` one at a time, so the peak
     is the model plus one tensor. Tensors are read straight onto CUDA when the target
     is CUDA; on CPU each is copied out of the map into the process's own memory (int8
-    weights: :func:`~.int8_load.materialise_int8`)."""
+    weights: :func:`~.int8_load.materialise_int8`), unless ``mapped``: then a tensor the file
+    already holds in ``dtype``, contiguous, stays the map's view (bf16 weights, :mod:`.quant`):
+    no copy, and the pages are the page cache's, read as the first forward touches them."""
     by_file: dict[Path, list[str]] = {}
     for target, e in plan.items():
         by_file.setdefault(e.file, []).append(target)
@@ -196,15 +199,18 @@ def read_tensors(
         st_device = f"cuda:{index}"
     else:
         st_device = "cpu"
-    # On CPU, get_tensor returns a view of the file's shared memory map: copy it, so
-    # the resident model never changes (or faults) when the file is rewritten.
+    # On CPU, get_tensor returns a view of the file's memory map (private, copy-on-write: the
+    # model never writes to it, and writes would not reach the file). Copy it, so the resident
+    # model never changes (or faults) when the file is rewritten in place; ``mapped`` accepts
+    # that for half the memory (diffill pull replaces files by rename, which an open map survives).
     private_copy = st_device == "cpu"
     for path, targets in by_file.items():
         try:
             with safe_open(str(path), framework="pt", device=st_device) as f:
                 for target in targets:
                     t = f.get_tensor(plan[target].ckpt_name)
-                    out[target] = t.to(device=device, dtype=dtype, copy=private_copy)
+                    keep = mapped and private_copy and t.dtype == dtype and t.is_contiguous()
+                    out[target] = t if keep else t.to(device=device, dtype=dtype, copy=private_copy)
                     del t
         except Exception as e:
             raise CheckpointError(f"{path}: failed while reading tensor data ({e})") from e

@@ -21,7 +21,9 @@ before any of the weights'):
 2. *Materialise*: read tensors one at a time from the memory map, convert (and
    on CPU copy) them to the target dtype/device and ``load_state_dict(assign=True)``
    them into the meta model, so each weight exists once (peak = model + one
-   tensor) and the resident model does not depend on the file afterwards. int8 weights
+   tensor) and the resident model does not depend on the file afterwards. bf16 weights
+   on a CPU (:mod:`.quant`) keep the file's bf16 tensors mapped instead (no copy: the
+   resident model is the page cache's view of the file). int8 weights
    on a CPU (:mod:`.quant`) come from the int8 weights cache (:mod:`.int8_cache`) or are
    quantized a tensor at a time from private reads of the file, and packed on a few threads
    (:mod:`.int8_load`). The safetensors files, their header checks and the tensor reads are
@@ -112,7 +114,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     files: list[Path] = field(default_factory=list)
-    weights: str = "fp32"  # "fp32" (``dtype``) or "int8" (model.quant; CPU)
+    weights: str = "fp32"  # "fp32" (``dtype``), "int8" or "bf16" (model.quant; CPU)
 
     @property
     def num_parameters(self) -> int:
@@ -165,7 +167,8 @@ def _materialise(
     """Build the Transformer on the meta device (:func:`~.checkpoint_files.skeleton`) and assign the
     checkpoint's tensors to it, so every weight is allocated once. On any failure,
     everything built here is released (locals dropped, traceback frames cleared)
-    before raising. ``weights='int8'`` (CPU): :func:`~.int8_load.materialise_int8`."""
+    before raising. ``weights='int8'`` (CPU): :func:`~.int8_load.materialise_int8`;
+    ``weights='bf16'`` (CPU): the file's bf16 tensors stay mapped."""
     state: dict[str, torch.Tensor] = {}
     model: Transformer | None = None
     try:
@@ -173,10 +176,11 @@ def _materialise(
             model = materialise_int8(cfg, plan, dtype, folder, files or [], int8_cache)
         else:
             model = skeleton(cfg)
-            read_tensors(plan, device, dtype, state)
+            read_tensors(plan, device, dtype, state, mapped=weights == "bf16")
             model.load_state_dict(state, strict=True, assign=True)
             state.clear()
             check_no_meta(model, folder)
+            model.weights = weights
     except Exception as e:
         model = None
         state.clear()
@@ -345,10 +349,13 @@ def load_model(
         (see :func:`resolve_dtype`); or an explicit ``torch.dtype`` / name.
     recipe: name of a family recipe (:data:`.recipes.RECIPE_NAMES`) to use instead of the
         one chosen from the checkpoint.
-    weights: ``auto`` | ``fp32`` | ``int8`` (None: ``DIFFILL_WEIGHTS``, else ``auto``):
-        int8 matmuls for the blocks and the head on a CPU (:mod:`.quant`; ``auto``: for
-        models of 100M parameters and more); fp32 keeps ``dtype``. int8 implies a float32
-        ``dtype`` for what stays floating point (embedding, norms).
+    weights: ``auto`` | ``fp32`` | ``int8`` | ``bf16`` (None: ``DIFFILL_WEIGHTS``, else
+        ``auto``): int8 matmuls for the blocks and the head on a CPU (:mod:`.quant`), or the
+        whole model in bfloat16 on a CPU with its bf16 tensors mapped from the file (a file in
+        another dtype is converted into private memory); ``auto``: for models of 100M
+        parameters and more, bf16 where the CPU has native bf16 matmuls (AMX), else int8;
+        fp32 keeps ``dtype``. int8 implies a float32 ``dtype`` for what stays floating point
+        (embedding, norms), bf16 a bfloat16 one.
     int8_cache: where int8 weights are cached between loads (:mod:`.int8_cache`): None =
         ``DIFFILL_INT8_CACHE``, else ``$XDG_CACHE_HOME/diffill/int8`` for checkpoints of 10M
         parameters and more; False = no cache; a folder = that folder.
@@ -394,6 +401,10 @@ def load_model(
                 if dtype is not None:
                     raise ValueError(f"weights 'int8' keeps float32 around the int8 matmuls, not {dtype}")
                 target_dtype = torch.float32
+            if w == "bf16" and target_dtype != torch.bfloat16:
+                if dtype is not None:
+                    raise ValueError(f"weights 'bf16' runs the whole model in bfloat16, not {dtype}")
+                target_dtype = torch.bfloat16
             # diffill's CPU thread default (as Engine applies it) before the weights are copied
             # out of the map: with torch's own one-thread-per-core, each copy is a parallel region
             # that waits for a descheduled thread on a busy machine (16 MB took ~0.3 s, not ~10 ms).

@@ -1,4 +1,5 @@
-"""int8 weights for CPU inference: per-output-channel weights, int8 matmuls.
+"""int8 weights for CPU inference (per-output-channel weights, int8 matmuls), and the one
+``weights`` rule that chooses between fp32, int8 and bf16.
 
 A step of a 0.5B model on a CPU is compute-bound (hundreds of canvas tokens per step, not
 one), so a weight-only scheme that widens the int8 weights back to fp32 before the matmul
@@ -12,11 +13,17 @@ int32 accumulation, fp32 out. Measured against the candidates on a 2-core AVX2 E
 slower than fp32), bf16 matmuls without native bf16 (no avx512_bf16 / amx) are ~10x slower
 than fp32.
 
+Where the CPU does have native bf16 matmuls (Intel AMX), torch's bf16 linear (oneDNN) beats
+the int8 path (BENCHMARKS.md, *bf16 weights on a CPU with AMX (issue 25)*): ``bf16`` weights
+are the checkpoint's own bf16 tensors, mapped from the file rather than copied
+(:func:`~.checkpoint_files.read_tensors`), with activations bf16 through the matmuls.
+
 :func:`quantize_model` swaps every linear layer of the transformer blocks for an
 :class:`Int8Linear` and, with ``head=True``, gives the (tied or not) LM head an int8 copy;
 the embedding table stays in floating point (a lookup, not a matmul).
 
-:func:`resolve_weights` is the one ``weights`` rule (``auto`` | ``fp32`` | ``int8``); the loader
+:func:`resolve_weights` is the one ``weights`` rule (``auto`` | ``fp32`` | ``int8`` | ``bf16``),
+:func:`cpu_facts` what it reads of the CPU; the loader
 applies it (``load_model(weights=...)``, ``DIFFILL_WEIGHTS``).
 """
 
@@ -24,15 +31,23 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-WEIGHTS = ("auto", "fp32", "int8")
+WEIGHTS = ("auto", "fp32", "int8", "bf16")
 WEIGHTS_ENV = "DIFFILL_WEIGHTS"
 AUTO_INT8_PARAMS = 100_000_000
-"""``auto`` quantizes on a CPU from this many parameters up (module doc of :func:`resolve_weights`)."""
+"""``auto`` leaves fp32 on a CPU (for int8 or bf16) from this many parameters up (:func:`resolve_weights`)."""
+AUTO_BF16 = False
+"""Whether ``auto`` picks bf16 where the CPU has native bf16 matmuls. Not yet: on the 0.5B shape
+on an AMX Xeon a cold request was 1.2-2.1x faster than int8 but a reused-context keystroke was
+not (0.85-1.5x), and the process peaked at 1.46-1.60 GB (the file's 0.99 GB of bf16 weights,
+mapped, plus ~0.35 GB of process and activations) against int8's 0.96-1.23 GB and issue 25's
+1.2 GB (BENCHMARKS.md, *bf16 weights on a CPU with AMX*). ``DIFFILL_WEIGHTS=bf16`` /
+``weights='bf16'`` choose it."""
 
 
 def int8_available() -> bool:
@@ -41,22 +56,61 @@ def int8_available() -> bool:
         "x86" in torch.backends.quantized.supported_engines
 
 
-def resolve_weights(weights: str | None, *, device: torch.device | str, params: int) -> str:
-    """``fp32`` or ``int8``: ``weights`` if given (else ``DIFFILL_WEIGHTS``, else ``auto``);
-    ``auto`` is int8 on a CPU for a model of at least :data:`AUTO_INT8_PARAMS` parameters
-    when torch has the int8 kernels (where the matmuls are the step; a few-MB model's step
-    is its small ops and overheads, and int8 only adds the activation quantization), fp32
-    otherwise. int8 is CPU-only."""
+@dataclass(frozen=True)
+class CpuFacts:
+    """What the weights rule reads of the CPU (tests inject their own)."""
+
+    amx: bool = False  # AMX tiles with bf16 (Sapphire Rapids and later)
+    avx512_bf16: bool = False  # bf16 dot products in AVX-512 (Cooper Lake, Zen 4), no tiles
+    mkldnn: bool = False  # torch's oneDNN, which runs the bf16 linear
+
+    @property
+    def native_bf16(self) -> bool:
+        """Whether bf16 weights run fast here: AMX with oneDNN only. Without native bf16
+        (AVX2) a bf16 linear was ~10x slower than fp32; with AMX it was 2.2x faster than int8
+        on the 640-token linear. ``avx512_bf16`` alone has not been measured (no such machine
+        at hand), so it keeps int8 until it is."""
+        return self.amx and self.mkldnn
+
+
+def cpu_facts() -> CpuFacts:
+    """This CPU as torch sees it (``torch.cpu._is_amx_tile_supported`` and friends, 2.13)."""
+    def probe(name: str) -> bool:  # private torch probes: absent in some builds, not an error
+        fn = getattr(torch.cpu, name, None)
+        try:
+            return bool(fn()) if fn is not None else False
+        except RuntimeError:
+            return False
+
+    return CpuFacts(amx=probe("_is_amx_tile_supported"),
+                    avx512_bf16=probe("_is_avx512_bf16_supported"),
+                    mkldnn=torch.backends.mkldnn.is_available())
+
+
+def resolve_weights(weights: str | None, *, device: torch.device | str, params: int,
+                    cpu: CpuFacts | None = None) -> str:
+    """``fp32``, ``int8`` or ``bf16``: ``weights`` if given (else ``DIFFILL_WEIGHTS``, else
+    ``auto``). ``auto`` on a CPU, for a model of at least :data:`AUTO_INT8_PARAMS` parameters
+    (where the matmuls are the step; a few-MB model's step is its small ops and overheads): bf16
+    where the CPU has native bf16 matmuls (:attr:`CpuFacts.native_bf16`, ``cpu`` or
+    :func:`cpu_facts`) once :data:`AUTO_BF16` allows it, else int8 when torch has the int8 kernels; fp32 otherwise. int8 and bf16
+    are CPU-only (CUDA keeps the checkpoint's dtype); an explicit bf16 runs on any CPU (slowly
+    without native bf16)."""
     w = (weights or os.environ.get(WEIGHTS_ENV, "").strip() or "auto").lower()
     if w not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {w!r}")
-    cpu = torch.device(device).type == "cpu"
-    if w == "int8" and not cpu:
-        raise ValueError("weights 'int8' runs on a CPU only (CUDA keeps the checkpoint's dtype)")
+    on_cpu = torch.device(device).type == "cpu"
+    if w in ("int8", "bf16") and not on_cpu:
+        raise ValueError(f"weights {w!r} runs on a CPU only (CUDA keeps the checkpoint's dtype)")
     if w == "int8" and not int8_available():
         raise ValueError("weights 'int8': this torch build has no quantized CPU engine")
     if w == "auto":
-        w = "int8" if cpu and params >= AUTO_INT8_PARAMS and int8_available() else "fp32"
+        if not on_cpu or params < AUTO_INT8_PARAMS:
+            w = "fp32"
+        elif AUTO_BF16 and (cpu or cpu_facts()).native_bf16:
+            w = "bf16"
+        else:
+            w = "int8" if int8_available() else "fp32"
     return w
 
 

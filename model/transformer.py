@@ -153,7 +153,7 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         #: an int8 copy of the head (model.quant.quantize_model), used instead when set
         self.int8_head: nn.Module | None = None
-        self.weights = "fp32"  # or "int8" (model.quant.quantize_model)
+        self.weights = "fp32"  # or "int8" (model.quant.quantize_model), "bf16" (the loader)
 
     # -- pieces ---------------------------------------------------------------------------
     @property

@@ -19,7 +19,7 @@ MultilinePolicy = Literal["auto", "always-single", "always-multi"]
 RecipeName = Literal[RECIPE_NAMES]  # type: ignore[valid-type]
 """Family infilling recipes (``diffill.model.limits.RECIPE_NAMES``)."""
 BackendName = Literal["local", "openai"]
-WeightsName = Literal["auto", "fp32", "int8"]
+WeightsName = Literal["auto", "fp32", "int8", "bf16"]
 ContextName = Literal["auto", "request", "row"]
 """``local``: the model in this process; ``openai``: an OpenAI-compatible
 ``/v1/completions`` endpoint (``diffill serve-http``, vLLM, SGLang; :mod:`.remote`)."""
@@ -44,9 +44,10 @@ class CompletionOptions(msgspec.Struct, kw_only=True, rename="camel", forbid_unk
     """Torch device string: ``cpu``, ``cuda``, ``cuda:1``, ... (``auto`` = cuda when available)."""
     weights: WeightsName = "auto"
     """How the local model holds its weights: ``fp32``, ``int8`` (per-channel int8 matmuls on a
-    CPU: ~1.6-2.5x faster steps of a 0.5B model, half the memory) or ``auto`` (int8 on a CPU
-    for models of 100M parameters or more, the checkpoint's own otherwise;
-    ``diffill.model.quant``). ``DIFFILL_WEIGHTS`` sets the same for a process."""
+    CPU: ~1.6-2.5x faster steps of a 0.5B model, half the memory), ``bf16`` (the whole model in
+    bfloat16 on a CPU, a bf16 checkpoint mapped, not copied: fast on CPUs with AMX, slow
+    without) or ``auto`` (int8 on a CPU for models of 100M parameters or more, the checkpoint's
+    own otherwise; ``diffill.model.quant``). ``DIFFILL_WEIGHTS`` sets the same for a process."""
     context: ContextName = "auto"
     """The prefix/suffix keys and values computed once per ``request`` (shared by its candidate
     and draft rows: the longest row is exact, shorter ones an approximation) or once per canvas

@@ -11,6 +11,7 @@ the config changes they need (vocabulary, special ids, positions, logit shift).
 words ``w0``, ``w1``, ... filling the rest of the vocabulary.
 ``write_diffill_checkpoint`` saves a randomly initialised Transformer in
 diffill's own layout (config.json + model.safetensors + tokenizer.json).
+``in_file_map`` says whether a tensor's bytes are a memory map of a file (bf16 weights).
 """
 
 from __future__ import annotations
@@ -121,6 +122,18 @@ def write_diffill_checkpoint(
     (folder / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(dialect)))
     write_tokenizer(folder, cfg.vocab_size)
     return model.eval()
+
+
+def in_file_map(t: torch.Tensor, path: Path) -> bool:
+    """Whether ``t``'s bytes lie inside a memory map of ``path`` (Linux ``/proc/self/maps``)."""
+    lo, hi = t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= lo and hi <= end:
+                return True
+    return False
 
 
 def one_batch(eng: Any, calls: Sequence[Callable[[], Any]], timeout_s: float = 30.0) -> list:

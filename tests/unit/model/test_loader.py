@@ -1,4 +1,5 @@
-"""load_model on diffill's own layout and on hand-written HF/LLaDA-named folders."""
+"""load_model on diffill's own layout and on hand-written HF/LLaDA-named folders, and bf16
+weights (the file's bf16 tensors mapped, not copied)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from diffill.model.config import ModelConfig
 from diffill.model.loader import resolve_dtype
 from diffill.model.transformer import Transformer
 from diffill.model.weights import to_checkpoint_names
-from safetensors.torch import save_file
-from support import tiny_config, write_diffill_checkpoint, write_tokenizer
+from safetensors.torch import load_file, save_file
+from support import in_file_map, tiny_config, write_diffill_checkpoint, write_tokenizer
 
 
 def test_diffill_roundtrip(tiny_ckpt):
@@ -305,3 +306,47 @@ def test_a_load_that_cannot_fit_under_the_address_space_limit_is_refused_first(t
         loader.check_address_space(folder)
     monkeypatch.setattr(loader, "_vm_size", lambda: None)  # no /proc: nothing checked
     loader.check_address_space(folder)
+
+
+def _bf16_file(folder: Path) -> Path:
+    path = folder / "model.safetensors"
+    save_file({k: v.bfloat16() for k, v in load_file(str(path)).items()}, str(path))
+    return path
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert (got.float() - want).abs().max() < 0.03 * want.abs().max()
+    assert (got.float().argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_bf16_weights_map_the_files_bf16_tensors(tmp_path):
+    """weights='bf16' on a bf16 file: every parameter is the file's own bytes (no copy), the
+    logits stay close to the same file loaded in fp32."""
+    write_diffill_checkpoint(tmp_path, tiny_config(max_position_embeddings=64))
+    path = _bf16_file(tmp_path)
+    lm = load_model(tmp_path, weights="bf16")
+    assert lm.weights == lm.model.weights == "bf16" and lm.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 and in_file_map(p, path) for p in lm.model.parameters())
+    fp = load_model(tmp_path, weights="fp32")
+    assert not any(in_file_map(p, path) for p in fp.model.parameters())
+    ids = torch.randint(4, lm.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        _close(lm.model(ids), fp.model(ids))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_bf16_weights_of_an_fp32_file_are_converted(tmp_path, monkeypatch):
+    """DIFFILL_WEIGHTS=bf16 on an fp32 file: converted to bf16 in private memory (nothing to
+    map), close to fp32; an explicit other dtype is refused."""
+    write_diffill_checkpoint(tmp_path, tiny_config(max_position_embeddings=64))
+    monkeypatch.setenv("DIFFILL_WEIGHTS", "bf16")
+    lm = load_model(tmp_path)
+    assert lm.weights == "bf16" and {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
+    assert not any(in_file_map(p, tmp_path / "model.safetensors") for p in lm.model.parameters())
+    fp = load_model(tmp_path, weights="fp32")
+    ids = torch.randint(4, lm.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        _close(lm.model(ids), fp.model(ids))
+    with pytest.raises(ValueError, match="bfloat16, not float32"):
+        load_model(tmp_path, dtype="float32")

@@ -1,15 +1,18 @@
 """int8 weights (model/quant.py) against the fp32 model they come from: per-layer and
-logits error within tolerances, argmax agreement, the weights rule and the loader path."""
+logits error within tolerances, argmax agreement, the weights rule (int8 / bf16 from the CPU's
+facts) and the loader path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from diffill.model import quant
 from diffill.model.decoder.loop import infill
 from diffill.model.decoder.spec import SamplerConfig
 from diffill.model.loader import load_model
 from diffill.model.quant import (
     AUTO_INT8_PARAMS,
+    CpuFacts,
     Int8Linear,
     count_parameters,
     int8_available,
@@ -65,21 +68,53 @@ def test_quantized_model_logits_stay_close(tied):
     assert res and res[0].length == 4
 
 
+AMX = CpuFacts(amx=True, avx512_bf16=True, mkldnn=True)
+AVX512_BF16 = CpuFacts(avx512_bf16=True, mkldnn=True)
+AVX2 = CpuFacts(mkldnn=True)
+
+
 def test_weights_rule():
     assert resolve_weights("fp32", device="cpu", params=10**9) == "fp32"
     assert resolve_weights("int8", device="cpu", params=10) == "int8"
-    assert resolve_weights("auto", device="cpu", params=AUTO_INT8_PARAMS) == "int8"
-    assert resolve_weights("auto", device="cpu", params=AUTO_INT8_PARAMS - 1) == "fp32"
+    assert resolve_weights("bf16", device="cpu", params=10, cpu=AVX2) == "bf16"  # forced: any CPU
+    for cpu in (AMX, AVX2):  # auto keeps int8 while AUTO_BF16 is off (quant.AUTO_BF16's doc)
+        assert resolve_weights("auto", device="cpu", params=AUTO_INT8_PARAMS, cpu=cpu) == "int8"
+    assert resolve_weights("auto", device="cpu", params=AUTO_INT8_PARAMS - 1, cpu=AVX2) == "fp32"
     with pytest.raises(ValueError):
         resolve_weights("int4", device="cpu", params=1)
-    with pytest.raises(ValueError):
-        resolve_weights("int8", device="cuda", params=1)
+    for w in ("int8", "bf16"):
+        with pytest.raises(ValueError, match="CPU only"):
+            resolve_weights(w, device="cuda", params=1)
+
+
+def test_auto_picks_bf16_from_the_cpus_facts(monkeypatch):
+    """With AUTO_BF16 on: bf16 only where AMX runs the bf16 linear (oneDNN); avx512_bf16 alone is
+    unmeasured and keeps int8; a small model stays fp32 everywhere."""
+    monkeypatch.setattr(quant, "AUTO_BF16", True)
+    big = AUTO_INT8_PARAMS
+    assert resolve_weights("auto", device="cpu", params=big, cpu=AMX) == "bf16"
+    assert resolve_weights("auto", device="cpu", params=big, cpu=AVX512_BF16) == "int8"
+    assert resolve_weights("auto", device="cpu", params=big, cpu=AVX2) == "int8"
+    assert resolve_weights("auto", device="cpu", params=big,
+                           cpu=CpuFacts(amx=True, avx512_bf16=True)) == "int8"  # no oneDNN
+    assert resolve_weights("auto", device="cpu", params=big - 1, cpu=AMX) == "fp32"
+    assert resolve_weights("int8", device="cpu", params=big, cpu=AMX) == "int8"  # forced
+    monkeypatch.setenv("DIFFILL_WEIGHTS", "int8")
+    assert resolve_weights(None, device="cpu", params=big, cpu=AMX) == "int8"
+
+
+def test_cpu_facts_read_this_torch():
+    facts = quant.cpu_facts()
+    assert facts.mkldnn == torch.backends.mkldnn.is_available()
+    assert facts.native_bf16 == (facts.amx and facts.mkldnn)
 
 
 def test_env_names_the_weights(monkeypatch):
     monkeypatch.setenv("DIFFILL_WEIGHTS", "int8")
     assert resolve_weights(None, device="cpu", params=1) == "int8"
     assert resolve_weights("fp32", device="cpu", params=1) == "fp32"  # an explicit one wins
+    monkeypatch.setenv("DIFFILL_WEIGHTS", "bf16")
+    assert resolve_weights(None, device="cpu", params=1) == "bf16"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
