@@ -115,7 +115,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if torch.is_grad_enabled():  # training: autograd keeps the activation's input
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # inference: the same values with two [T, intermediate] buffers alive instead of four
+        # (a 1088-token context on the 0.5B shape: 42 MB instead of 84 at a step's peak)
+        h = F.silu(self.gate_proj(x), inplace=True)
+        return self.down_proj(h.mul_(self.up_proj(x)))
 
 
 class Block(nn.Module):

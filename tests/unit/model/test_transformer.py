@@ -410,3 +410,21 @@ def test_llada_default_special_ids(tmp_path):
     )
     assert lm.config.shift_logits is False
     assert lm.model.embed_tokens.weight.shape == (vocab, 8)
+
+
+def test_mlp_in_place_at_inference_gives_the_training_form_bit_for_bit():
+    """MLP.forward without grad works in place (two intermediate buffers, not four): the same
+    values as the form autograd needs."""
+    from diffill.model.transformer import MLP
+    from support import tiny_config
+
+    torch.manual_seed(0)
+    mlp = MLP(tiny_config(intermediate_size=48))
+    x = torch.randn(3, 7, 32)
+    with torch.no_grad():
+        fast = mlp(x)
+    slow = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x)).detach()
+    assert torch.equal(fast, slow)
+    y = mlp(x.requires_grad_())  # with grad: the training form, differentiable
+    y.sum().backward()
+    assert x.grad is not None
