@@ -72,17 +72,13 @@ def test_first_line_indent_not_doubled_on_blank_indented_line():
     assert pp("    return x", "    ", prefix="def f(x):\n    ") == Processed("return x")
 
 
-def test_continuation_lines_use_document_tabs():
-    prefix = "def f(x):\n\tif x:\n\t\t"
-    out = pp("y = 1\n        return y", "\t\t", prefix=prefix)
-    assert out == Processed("y = 1\n\t\treturn y")
-
-
-def test_continuation_lines_use_document_spaces():
-    prefix = "def f(x):\n  if x:\n    "
-    out = pp("y = 1\n\t\treturn y", "    ", prefix=prefix)
-    assert out is not None and out.text == "y = 1\n    return y"
-    assert detect_indent("    ", prefix) == (" ", 2)
+@pytest.mark.parametrize("prefix, line, raw, want, unit", [
+    ("def f(x):\n\tif x:\n\t\t", "\t\t", "y = 1\n        return y", "y = 1\n\t\treturn y", ("\t", 4)),
+    ("def f(x):\n  if x:\n    ", "    ", "y = 1\n\t\treturn y", "y = 1\n    return y", (" ", 2)),
+], ids=["tabs", "spaces"])
+def test_continuation_lines_use_the_documents_indentation(prefix, line, raw, want, unit):
+    assert pp(raw, line, prefix=prefix) == Processed(want)
+    assert detect_indent(line, prefix) == unit
 
 
 def test_stops_at_dedent_below_cursor_line():
