@@ -25,6 +25,7 @@ from .decoder.canvas import DenoiseState, build_canvas, canvas_end, canvas_start
 from .decoder.loop import infill
 from .decoder.spec import SamplerConfig, SpecialIds, StepSpec
 from .decoder.step import denoise_step
+from .int8_load import release_free_memory
 from .limits import DEFAULT_MAX_STEPS
 from .plan import (
     CTX_BUCKETS,
@@ -142,6 +143,8 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
     """
 
     dev = next(model.parameters()).device
+    if dev.type == "cpu":  # start each bucket from the heap's live memory only: what earlier
+        release_free_memory()  # buckets and requests freed stays resident until trimmed
     sp = SpecialIds.from_config(cfg)
     lengths = sorted({max(1, hole >> i) for i in range(rows)}, reverse=True)
     while len(lengths) < rows:
