@@ -103,26 +103,26 @@ class StepBudget:
                   ) -> tuple[int, float | None] | None:
         """(steps, threshold) for a request's shapes and canvas ``rows`` (None: the plan's
         own), or None when no plan was measured. ``whole_canvases``: the request's decoder
-        runs every row's whole canvas at every step (DreamOn; :meth:`StepPlan.steps_for`)."""
-        plan = self.plan_for(self.budget_ms(budget_ms))
-        return None if plan is None else plan.steps_for(ctx_len, hole_len, rows,
-                                                        whole_canvases=whole_canvases)
+        runs every row's whole canvas at every step (DreamOn; :meth:`StepPlan.choice_for`)."""
+        d = self.decide(ctx_len, hole_len, rows, budget_ms=budget_ms, whole_canvases=whole_canvases)
+        return None if d.source == "default" else (d.steps, d.threshold)
 
-    def decide(self, ctx_len: int, hole_len: int, rows: int, *, budget_ms: float | None = None,
+    def decide(self, ctx_len: int, hole_len: int, rows: int | None, *,
+               budget_ms: float | None = None,
                steps: int | None = None, default_steps: int = 8,
                whole_canvases: bool = False) -> StepDecision:
         """The steps of one request: ``steps`` when it names them, else the plan's choice for
         its shapes, canvas ``rows`` and budget (``budget_ms``, else the one in force), else
-        (no plan) ``default_steps``. ``whole_canvases``: the request's decoder runs every row's
-        whole canvas at every step (DreamOn: :meth:`StepPlan.whole_canvas_choice`)."""
+        (no plan) ``default_steps``. ``rows`` None: the rows the plan was timed with.
+        ``whole_canvases``: the request's decoder runs every row's whole canvas at every step
+        (DreamOn: :meth:`StepPlan.choice_for`)."""
         if steps is not None:
             return StepDecision(int(steps), "request", self.max_steps, rows=rows)
         budget = self.budget_ms(budget_ms)
         plan = self.plan_for(budget)
         if plan is None:
             return StepDecision(default_steps, "default", self.max_steps, budget, rows=rows)
-        c = (plan.whole_canvas_choice(ctx_len, hole_len, rows) if whole_canvases
-             else plan.choice(ctx_len, hole_len, rows))
+        c = plan.choice_for(ctx_len, hole_len, rows, whole_canvases=whole_canvases)
         return StepDecision(c.steps, "plan", self.max_steps, budget, c.threshold, rows,
                             (c.ctx, c.hole), c.predicted_ms, c.over_budget)
 

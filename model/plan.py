@@ -228,12 +228,18 @@ class StepPlan(msgspec.Struct, frozen=True):
         return choose(whole, self.budget_ms, refresh_every=1, min_steps=self.min_steps,
                       max_steps=self.max_steps, threshold=self.threshold)
 
+    def choice_for(self, ctx_len: int, hole_len: int, rows: int | None = None, *,
+                   whole_canvases: bool = False) -> BucketChoice:
+        """The one pricing entry: :meth:`choice`, or for a decoder that runs its ``rows`` as
+        whole canvases at every step (DreamOn) :meth:`whole_canvas_choice`."""
+        if whole_canvases:
+            return self.whole_canvas_choice(ctx_len, hole_len, rows)
+        return self.choice(ctx_len, hole_len, rows)
+
     def steps_for(self, ctx_len: int, hole_len: int, rows: int | None = None, *,
                   whole_canvases: bool = False) -> tuple[int, float | None]:
-        """(steps, threshold) for a request's shapes; ``whole_canvases``: for a decoder that
-        runs its ``rows`` as whole canvases at every step (:meth:`whole_canvas_choice`)."""
-        ch = (self.whole_canvas_choice(ctx_len, hole_len, rows) if whole_canvases
-              else self.choice(ctx_len, hole_len, rows))
+        """(steps, threshold) of :meth:`choice_for`."""
+        ch = self.choice_for(ctx_len, hole_len, rows, whole_canvases=whole_canvases)
         return ch.steps, ch.threshold
 
     def for_budget(self, budget_ms: float) -> StepPlan:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def write_streamed(out: Path, seed: int, shards: int) -> None:
         shapes = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
     names = to_checkpoint_names(cfg.family, list(shapes), tied=cfg.tie_embeddings)
     keys = [k for k in shapes if not (cfg.tie_embeddings and k == "lm_head.weight")]
-    total = sum(2 * _numel(shapes[k]) for k in keys)
+    total = sum(2 * math.prod(shapes[k]) for k in keys)
     gen = torch.Generator().manual_seed(seed)
     weight_map: dict[str, str] = {}
     part: dict[str, torch.Tensor] = {}
@@ -111,12 +112,6 @@ def write_streamed(out: Path, seed: int, shards: int) -> None:
     (out / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ forward):
    so the hole is complete when the steps run out.
 
 The engine's step plan prices a DreamOn step as what it runs: a full forward of every row's
-whole canvas, no cache and no shared context (:meth:`~diffill.model.plan.StepPlan.steps_for`,
+whole canvas, no cache and no shared context (:meth:`~diffill.model.plan.StepPlan.choice_for`,
 ``whole_canvases``).
 
 What it shares with the first decoder's loop (:func:`~.loop.run_steps`) and what not: it
