@@ -48,18 +48,19 @@ def _sync(device: torch.device) -> None:
 
 
 def time_ms(fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 1,
-            repeats: int = 5) -> list[float]:
-    """Wall-clock milliseconds of ``fn()`` (device synchronised), after warm-up."""
+            repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Milliseconds of ``fn()`` (device synchronised) by ``clock`` (seconds: wall-clock unless
+    a caller's clock leaves out its pauses), after warm-up."""
     dev = torch.device(device)
     for _ in range(warmup):
         fn()
     _sync(dev)
     out = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         _sync(dev)
-        out.append((time.perf_counter() - t0) * 1e3)
+        out.append((clock() - t0) * 1e3)
     return out
 
 
@@ -131,7 +132,8 @@ def provisional_plan(ms: float, tokens: int, budget_ms: float, *, rows: int = 3,
 def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
                    refresh_every: int = 1, repeats: int = 5, warmup: int = 1,
                    overhead: bool | int = True, shared: bool = False,
-                   statistic: Callable[[list[float]], float] = statistics.median) -> BucketTiming:
+                   statistic: Callable[[list[float]], float] = statistics.median,
+                   clock: Callable[[], float] = time.perf_counter) -> BucketTiming:
     """Time one full step, one cached step and (``overhead``) the per-request overhead
     for a bucket: ``statistic`` (median; the engine's warm-up takes the fastest, the
     cost without the machine's other work) of ``repeats`` after ``warmup`` calls (an int
@@ -140,6 +142,7 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
     ``rows`` candidate lengths (``hole``, ``hole // 2``, ...) share the batch, as
     the engine's default lengths do. ``shared``: the steps with one context per request
     (:class:`~diffill.model.cache.SharedContext`), as the engine runs them on a CPU.
+    ``clock``: :func:`time_ms`'s.
     """
 
     dev = next(model.parameters()).device
@@ -164,19 +167,19 @@ def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
         return model
 
     full = statistic(time_ms(lambda: denoise_step(stepped(), cv, fresh(), 2, spec), dev,
-                             warmup=warmup, repeats=repeats))
+                             warmup=warmup, repeats=repeats, clock=clock))
     block = full
     if refresh_every > 1:
         kind = SharedContext if shared else DualCache
         fwd = kind(model, cv, shift=cfg.shift_logits, refresh_every=ONCE)
         denoise_step(fwd, cv, fresh(), 2, spec)  # the refresh
         block = statistic(time_ms(lambda: denoise_step(fwd, cv, fresh(), 2, spec), dev,
-                                  warmup=warmup, repeats=repeats))
+                                  warmup=warmup, repeats=repeats, clock=clock))
     extra = 0.0
     if overhead:
         one = statistic(time_ms(  # the full steps above warmed these shapes up already
             lambda: _one_step(model, cfg, prefix, suffix, tuple(lengths), shared),
-            dev, warmup=0, repeats=repeats if overhead is True else int(overhead)))
+            dev, warmup=0, repeats=repeats if overhead is True else int(overhead), clock=clock))
         extra = max(0.0, one - full)
     return BucketTiming(ctx, hole, L, round(full, 4), round(block, 4), round(extra, 4))
 
@@ -195,7 +198,8 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
                  max_steps: int = DEFAULT_MAX_STEPS, threshold: float | None = DEFAULT_THRESHOLD,
                  model_name: str = "", shared_context: bool = False,
                  statistic: Callable[[list[float]], float] = statistics.median,
-                 fit_ctx: int | None = None) -> StepPlan:
+                 fit_ctx: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> StepPlan:
     """Time the buckets that fit the model's positions and build the plan at ``rows`` canvas
     rows, pricing other row counts (a request's drafts add rows) per bucket:
 
@@ -211,7 +215,8 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
     the engine runs a CPU step, one context per request. ``fit_ctx``: with ``fit``, the large
     point is the largest bucket of at most this context (the contexts requests get): a 2K
     context step of a 0.5B model peaks 0.4 GB above any default request; the larger buckets
-    come from the cost model."""
+    come from the cost model. ``clock``: :func:`time_ms`'s (the server's background plan
+    leaves out the time it gave way to requests)."""
     p = next(model.parameters())
     limit = getattr(cfg, "max_position_embeddings", 1 << 30)
     buckets = [(c, h) for c in ctx_buckets for h in hole_buckets if c + h <= limit]
@@ -226,7 +231,7 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
     def timed(b: tuple[int, int], n: int, **kw: Any) -> BucketTiming:
         kw.setdefault("repeats", repeats)
         t = measure_bucket(model, cfg, measured_ctx[b], b[1], rows=n, refresh_every=refresh_every,
-                           statistic=statistic, shared=shared_context, **kw)
+                           statistic=statistic, shared=shared_context, clock=clock, **kw)
         return msgspec.structs.replace(t, ctx=b[0])
 
     largest = max(buckets, key=lambda b: (b[0] + b[1], b))

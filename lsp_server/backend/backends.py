@@ -143,6 +143,7 @@ class LocalBackend:
         self._fault_lock = threading.Lock()
         self.plan_thread: threading.Thread | None = None  # the background step plan (warmup)
         self._plan_stop = threading.Event()
+        self.requests_first = RequestsFirst()  # the background plan gives way to requests
 
     # -- protocol --------------------------------------------------------------------------
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -172,6 +173,7 @@ class LocalBackend:
         self.model_calls += 1
         draft_ids = self.encode_batch(list(ask.drafts)) if ask.drafts else []
         sampled = ask.temperature > 0
+        self.requests_first.enter()
         try:
             out = self.engine.infill(EngineAsk(
                 ctx.prefix_ids, ctx.suffix_ids, max_tokens=ask.max_tokens, candidates=ask.n,
@@ -183,6 +185,8 @@ class LocalBackend:
             raise Cancelled(str(e)) from None
         except ValueError as e:
             raise BackendError(str(e)) from None
+        finally:
+            self.requests_first.leave()
         tok = self.engine.tokenizer
         return InfillResult([
             Candidate(text=tok.decode(r.ids), score=float(r.score), tokens=len(r.ids), steps=r.steps,
@@ -261,19 +265,23 @@ class LocalBackend:
 
     def _measure_plan(self) -> None:
         """The background plan (:meth:`warmup`): what ``Engine.measure_plan`` measures on a
-        CPU, without the engine's lock, so requests run meanwhile (a model's forward holds no
-        state). The thread runs at a lower priority (nice +10 on Linux): a request's steps
-        come first, and the plan measured under them errs slow (fewer steps), never fast."""
+        CPU, without the engine's lock (a model's forward holds no state). Requests come
+        first: while one is in flight the plan waits before its next layer op
+        (:class:`RequestsFirst`), so a request has the cores and the memory to itself but for
+        the one op the plan was in, and the plan's timings leave the waits out. The thread
+        also runs at a lower priority (nice +10 on Linux)."""
         from ...model.measure import measure_plan  # torch: loaded with the model
 
         eng = self.engine
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        me, stop = threading.get_ident(), self._plan_stop
+        me, stop, first = threading.get_ident(), self._plan_stop, self.requests_first
 
         def check(_module: Any, _args: Any) -> None:  # between two layers' ops, this thread only
-            if stop.is_set() and threading.get_ident() == me:
-                raise _PlanStopped
+            if threading.get_ident() == me:
+                if stop.is_set():
+                    raise _PlanStopped
+                first.give_way(stop)
 
         leaves = [m for m in eng.model.modules() if next(m.children(), None) is None]
         hooks = [m.register_forward_pre_hook(check) for m in leaves]
@@ -283,7 +291,7 @@ class LocalBackend:
                 eng.model, eng.config, budget_ms=eng.budget.budget_ms(), fit=True, rows=PLAN_ROWS,
                 refresh_every=eng.refresh_every, repeats=2, max_steps=eng.budget.max_steps,
                 statistic=min, model_name=str(getattr(eng.lm, "path", "")),
-                shared_context=eng.shared_context, fit_ctx=PLAN_FIT_CTX)
+                shared_context=eng.shared_context, fit_ctx=PLAN_FIT_CTX, clock=first.clock)
         except _PlanStopped:
             return
         except Exception as e:  # the provisional plan stays
@@ -331,6 +339,55 @@ class LocalBackend:
 
 class _PlanStopped(Exception):
     """Raised inside the background plan's forward when :meth:`LocalBackend.stop_plan` asks."""
+
+
+class RequestsFirst:
+    """Requests in flight, for a background job that must give way to them (the step plan):
+    :meth:`give_way` returns at once when none is, else when the last one ends, and
+    :meth:`clock` is a clock that leaves out the time spent waiting there."""
+
+    POLL_S = 0.05  # how often a wait looks at its stop event
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+        self._idle = threading.Event()
+        self._idle.set()
+        self.waited_s = 0.0
+        self.waiting = False  # a give_way is waiting now
+
+    def enter(self) -> None:
+        with self._lock:
+            self._n += 1
+            self._idle.clear()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._n -= 1
+            if self._n == 0:
+                self._idle.set()
+
+    @property
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    def give_way(self, stop: threading.Event) -> None:
+        """Wait while a request is in flight; raises :class:`_PlanStopped` once ``stop`` is set."""
+        if self._idle.is_set():
+            return
+        t0 = time.perf_counter()
+        self.waiting = True
+        try:
+            while not self._idle.wait(self.POLL_S):
+                if stop.is_set():
+                    raise _PlanStopped
+        finally:
+            self.waiting = False
+            self.waited_s += time.perf_counter() - t0
+
+    def clock(self) -> float:
+        """Seconds, as ``time.perf_counter``, less the time :meth:`give_way` waited."""
+        return time.perf_counter() - self.waited_s
 
 
 def _plans_in_background(engine: Any) -> bool:

@@ -199,3 +199,77 @@ def test_the_background_plan_stops_at_its_next_layer(monkeypatch):
     assert b.engine.plan is prov  # the measurement was stopped, not installed
     # and the hooks are gone: requests still run
     assert b.infill(_ctx(), InfillAsk(n=1, max_tokens=16)).candidates
+
+
+def test_requests_first_waits_for_the_last_request_and_its_clock_leaves_the_wait_out():
+    import threading
+    import time
+
+    import pytest
+    from diffill.lsp_server.backend.backends import RequestsFirst, _PlanStopped
+
+    first, stop = RequestsFirst(), threading.Event()
+    first.give_way(stop)  # none in flight: at once
+    assert first.waited_s == 0.0 and not first.busy
+    first.enter()
+    first.enter()
+    first.leave()
+    assert first.busy  # one of two still in flight
+    done = threading.Event()
+
+    def job():
+        first.give_way(stop)
+        done.set()
+
+    t = threading.Thread(target=job)
+    c0 = first.clock()
+    t.start()
+    deadline = time.monotonic() + 30
+    while not first.waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert first.waiting and not done.is_set()
+    time.sleep(0.2)
+    first.leave()
+    t.join(30)
+    assert done.is_set() and not first.waiting and first.waited_s >= 0.2
+    assert first.clock() - c0 < first.waited_s  # the wait is not on the clock
+    first.enter()  # a stop ends a wait
+    stop.set()
+    with pytest.raises(_PlanStopped):
+        first.give_way(stop)
+
+
+def test_the_background_plan_gives_way_to_a_request_in_flight(monkeypatch):
+    """Issue 25: while a request is in flight the background plan waits before its next
+    layer op (the request has the cores and the memory), and carries on after it."""
+    import threading
+    import time
+
+    from diffill.lsp_server.backend import backends
+    from diffill.model import measure as measure_mod
+
+    monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)
+    monkeypatch.setattr(backends, "BACKGROUND_PLAN_PARAMS", 0)
+    release = threading.Event()
+    real = measure_mod.measure_plan
+
+    def held(*a, **kw):
+        release.wait(30)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(measure_mod, "measure_plan", held)
+    b = backends.LocalBackend(_real_engine(), step_delay_s=0)
+    b.warmup()
+    prov = b.engine.plan
+    b.requests_first.enter()  # a request is in flight when the plan starts its first step
+    release.set()
+    deadline = time.monotonic() + 30
+    while not b.requests_first.waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b.requests_first.waiting and b.plan_thread.is_alive() and b.engine.plan is prov
+    b.requests_first.leave()
+    b.plan_thread.join(60)
+    assert not b.plan_thread.is_alive() and b.engine.plan is not prov
+    assert b.requests_first.waited_s > 0
+    out = b.infill(_ctx(), InfillAsk(n=1, max_tokens=16))  # counted in and out again
+    assert out.candidates and not b.requests_first.busy
