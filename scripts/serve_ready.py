@@ -38,7 +38,7 @@ def _cpu_s(pid: int) -> float:
 def _memory_mb(pid: int) -> dict[str, int]:
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(("VmHWM", "VmRSS")):
+        if line.startswith(("VmHWM", "VmRSS", "RssAnon", "RssFile")):
             key, value = line.split(":")
             out[key] = int(value.split()[0]) // 1024
     return out

@@ -127,6 +127,8 @@ class InfillEngine(Protocol):
 PLAN_FIT_CTX = 1024
 """The background plan's largest measured context (the default ``contextTokens``): larger
 buckets come from its cost model, and the server's peak memory stays that of a request."""
+PLAN_FIT_HOLE = 32
+"""Likewise its largest measured hole (the default ``maxTokens``)."""
 
 
 class LocalBackend:
@@ -291,7 +293,8 @@ class LocalBackend:
                 eng.model, eng.config, budget_ms=eng.budget.budget_ms(), fit=True, rows=PLAN_ROWS,
                 refresh_every=eng.refresh_every, repeats=2, max_steps=eng.budget.max_steps,
                 statistic=min, model_name=str(getattr(eng.lm, "path", "")),
-                shared_context=eng.shared_context, fit_ctx=PLAN_FIT_CTX, clock=first.clock)
+                shared_context=eng.shared_context, fit_ctx=PLAN_FIT_CTX, fit_hole=PLAN_FIT_HOLE,
+                clock=first.clock)
         except _PlanStopped:
             return
         except Exception as e:  # the provisional plan stays

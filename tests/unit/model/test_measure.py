@@ -46,3 +46,14 @@ def test_a_fit_measures_no_context_beyond_fit_ctx():
     src = {(t.ctx, t.hole): t.source for t in plan.timings}
     assert [b for b, s in src.items() if s == "measured"] == [(64, 16)]
     assert src[(128, 16)] == "fitted" and all(t.full_ms > 0 for t in plan.timings)
+
+
+def test_a_fit_measures_no_hole_beyond_fit_hole():
+    """``fit_hole`` (the editors' default maxTokens) bounds the large point's hole the same way."""
+    model, cfg = _tiny()
+    plan = measure_plan(model, cfg, budget_ms=1e9, fit=True, ctx_buckets=(32, 64, 128),
+                        hole_buckets=(8, 16), rows=2, repeats=1, max_steps=4, fit_ctx=64,
+                        fit_hole=8)
+    src = {(t.ctx, t.hole): t.source for t in plan.timings}
+    assert [b for b, s in src.items() if s == "measured"] == [(64, 8)]
+    assert src[(64, 16)] == src[(128, 16)] == "fitted" and all(t.full_ms > 0 for t in plan.timings)
