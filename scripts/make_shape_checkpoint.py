@@ -6,6 +6,8 @@
 ``--shape dream-7b``: Dream-org/Dream-Coder-v0-Instruct-7B's layout at Qwen2.5-7B's shape --
 the shape of Dream 7B, Dream-Coder 7B, DiffuCoder 7B and DreamOn 7B -- 7.6B parameters,
 15.2 GB of bf16 written a tensor at a time in 4 shards with an index, as published;
+``--shape dreamon-7b``: the same with Dream-org/DreamOn-v0-7B's tokenizer and config, whose
+decoding runs whole canvases;
 ``--shape llada-8b``: GSAI-ML/LLaDA-8B-Instruct's config keys and tensor names at its shape,
 8.0B parameters in 6 shards. LLaDA's own 126,464-id vocabulary is not reachable here, so
 its ``tokenizer.json`` is a stand-in of the same size class: the Qwen2 byte-level BPE cut to
@@ -49,8 +51,9 @@ SHAPE_LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32,
 SHAPES = {"open-dcoder-0.5b": ("write_open_dcoder", SHAPE_0_5B),
           "coda-1.7b": ("write_coda", SHAPE_1_7B),
           "dream-7b": ("write_dream_coder", SHAPE_7B),
+          "dreamon-7b": ("write_dreamon", SHAPE_7B),
           "llada-8b": ("write_llada", SHAPE_LLADA_8B)}
-STREAMED = {"dream-7b": 4, "llada-8b": 6}
+STREAMED = {"dream-7b": 4, "dreamon-7b": 4, "llada-8b": 6}
 """Shapes too large to build whole in fp32 (30 GB): written a tensor at a time, in shards."""
 
 
@@ -90,6 +93,7 @@ def write_llada_stand_in_tokenizer(out: Path, families: object) -> None:
         spec = json.loads(build_slow_bpe(tmp).to_str())
     model = spec["model"]
     model["vocab"] = {t: i for t, i in model["vocab"].items() if i < first}
+    model["vocab"].update(families.LLADA_SPECIAL)  # in the model's vocabulary: ids as given
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     model["merges"] = merges[:first - 256]  # merge n makes the token of rank 256 + n
     spec["added_tokens"] = [
