@@ -288,9 +288,13 @@ class SharedContext(DualCache):
         k0 = kv[0][0]
         idx = rep_ctx[:, None, :, None].expand(-1, k0.shape[1], -1, k0.shape[3])
         moved = bool((delta != 0).any())
+        one = reps.numel() == 1  # one request: every row's context is one gather, shared
         self.kv = []
         for k, v in kv:
-            kc, vc = k[src].gather(2, idx), v[src].gather(2, idx)
+            if one:  # its values (and keys not moved) are views of it, not a copy per row
+                kc, vc = (t.gather(2, idx[:1]).expand(L, -1, -1, -1) for t in (k, v))
+            else:
+                kc, vc = k[src].gather(2, idx), v[src].gather(2, idx)
             if moved:
                 kc = shift_keys(kc, delta, self.head_dim, self.theta)
             self.kv.append((kc, vc))
@@ -304,7 +308,9 @@ class SharedContext(DualCache):
         hidden[reps] = hr
         if others.numel():
             bp = self.block_pos[others]
-            ctx = KVContext([(k[others], v[others]) for k, v in self.kv],
+            a, n = int(others[0]), int(others.numel())
+            rows = slice(a, a + n) if int(others[-1]) == a + n - 1 else others  # a range: views
+            ctx = KVContext([(k[rows], v[rows]) for k, v in self.kv],
                             None if self.ctx_mask is None else self.ctx_mask[others])
             hb, _ = self.model.forward_hidden(
                 ids[others].gather(1, bp), None if self.block_attn is None else self.block_attn[others],
