@@ -428,3 +428,23 @@ def test_mlp_in_place_at_inference_gives_the_training_form_bit_for_bit():
     y = mlp(x.requires_grad_())  # with grad: the training form, differentiable
     y.sum().backward()
     assert x.grad is not None
+
+
+def test_grouped_query_attention_without_repeated_keys_is_the_repeated_one_bit_for_bit(monkeypatch):
+    """SDPA's ``enable_gqa`` (torch 2.5+) reads each key/value head for its group of query
+    heads; the values are those of the keys and values repeated per head, masked or not."""
+    from diffill.model import attention
+
+    if not attention._SDPA_GQA:
+        pytest.skip("this torch's SDPA has no enable_gqa")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 6, 5, 8, generator=g)
+    k, v = torch.randn(3, 2, 11, 8, generator=g), torch.randn(3, 2, 11, 8, generator=g)
+    mask = torch.ones(3, 11, dtype=torch.bool)
+    mask[1, -4:] = False
+    with attention.use_backend("sdpa"):
+        fast = [attention.attend(q, k, v, m) for m in (None, mask)]
+        monkeypatch.setattr(attention, "_SDPA_GQA", False)
+        slow = [attention.attend(q, k, v, m) for m in (None, mask)]
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
+    assert torch.allclose(fast[1], attention.attend_reference(q, k, v, mask), atol=1e-5)
