@@ -23,6 +23,7 @@ except Exception:  # pragma: no cover - depends on the machine
     _flash_attn_func = None
     HAVE_FLASH = False
 
+
 def _sdpa_takes_gqa() -> bool:
     """Whether this torch's SDPA takes ``enable_gqa`` (2.5 and later): grouped-query heads
     without a repeated copy of the keys and values. A block step of three rows against a

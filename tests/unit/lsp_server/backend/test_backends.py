@@ -135,9 +135,10 @@ def test_a_quick_cpu_model_is_planned_before_it_is_ready():
     assert plan is not None and not any(t.source == "provisional" for t in plan.timings)
 
 
-def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
-    """Issue 25: a model whose tiny request is slow is ready at once on a provisional plan
-    (never more steps than the measured one) and planned in the background."""
+def _held_background_plan(monkeypatch):
+    """A LocalBackend on a real engine, warmed up as a slow CPU model (provisional plan, the
+    real plan on a background thread), whose background measurement waits until the returned
+    event is set; ``ran`` records that it went on."""
     import threading
 
     from diffill.lsp_server.backend import backends
@@ -145,16 +146,24 @@ def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
 
     monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)  # every model counts as slow
     monkeypatch.setattr(backends, "BACKGROUND_PLAN_PARAMS", 0)  # and as big
-    release = threading.Event()
+    release, ran = threading.Event(), []
     real = measure_mod.measure_plan
 
     def held(*a, **kw):
         release.wait(30)
+        ran.append(True)
         return real(*a, **kw)
 
     monkeypatch.setattr(measure_mod, "measure_plan", held)
     b = backends.LocalBackend(_real_engine(), step_delay_s=0)
     b.warmup()
+    return b, release, ran
+
+
+def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
+    """Issue 25: a model whose tiny request is slow is ready at once on a provisional plan
+    (never more steps than the measured one) and planned in the background."""
+    b, release, _ = _held_background_plan(monkeypatch)
     prov = b.engine.plan
     assert prov is not None and all(t.source == "provisional" for t in prov.timings)
     assert b.describe()["step_plan"]["provisional"] is True
@@ -172,25 +181,7 @@ def test_a_slow_cpu_model_is_ready_on_a_provisional_plan(monkeypatch):
 def test_the_background_plan_stops_at_its_next_layer(monkeypatch):
     """stop_plan (also run at exit: a thread inside a torch op at interpreter exit aborts the
     process) ends the background plan between two layers; the provisional plan stays."""
-    import threading
-
-    from diffill.lsp_server.backend import backends
-    from diffill.model import measure as measure_mod
-
-    monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)
-    monkeypatch.setattr(backends, "BACKGROUND_PLAN_PARAMS", 0)
-    release = threading.Event()
-    real = measure_mod.measure_plan
-    ran = []
-
-    def held(*a, **kw):
-        release.wait(30)
-        ran.append(True)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(measure_mod, "measure_plan", held)
-    b = backends.LocalBackend(_real_engine(), step_delay_s=0)
-    b.warmup()
+    b, release, ran = _held_background_plan(monkeypatch)
     prov = b.engine.plan
     b._plan_stop.set()
     release.set()
@@ -242,24 +233,9 @@ def test_requests_first_waits_for_the_last_request_and_its_clock_leaves_the_wait
 def test_the_background_plan_gives_way_to_a_request_in_flight(monkeypatch):
     """Issue 25: while a request is in flight the background plan waits before its next
     layer op (the request has the cores and the memory), and carries on after it."""
-    import threading
     import time
 
-    from diffill.lsp_server.backend import backends
-    from diffill.model import measure as measure_mod
-
-    monkeypatch.setattr(backends, "QUICK_PLAN_MS", -1.0)
-    monkeypatch.setattr(backends, "BACKGROUND_PLAN_PARAMS", 0)
-    release = threading.Event()
-    real = measure_mod.measure_plan
-
-    def held(*a, **kw):
-        release.wait(30)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(measure_mod, "measure_plan", held)
-    b = backends.LocalBackend(_real_engine(), step_delay_s=0)
-    b.warmup()
+    b, release, _ = _held_background_plan(monkeypatch)
     prov = b.engine.plan
     b.requests_first.enter()  # a request is in flight when the plan starts its first step
     release.set()
