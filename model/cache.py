@@ -113,6 +113,11 @@ class DualCache:
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.head(hidden)
 
+    def head_pieces(self, hidden: torch.Tensor) -> Any:
+        """The model's ``head_pieces`` (None where it has none: a stand-in model)."""
+        pieces = getattr(self.model, "head_pieces", None)
+        return None if pieces is None else pieces(hidden)
+
     def parameters(self):
         return self.model.parameters()
 
@@ -306,6 +311,7 @@ class SharedContext(DualCache):
                                  [(k[r], v[r]) for k, v in self.kv])
         hidden = hr.new_zeros(L, ids.shape[1], hr.shape[-1])
         hidden[reps] = hr
+        del hr, kv, k, v  # the whole canvases' keys/values: only the gathered context is read
         if others.numel():
             bp = self.block_pos[others]
             a, n = int(others[0]), int(others.numel())

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -198,9 +199,17 @@ class Int8Linear(nn.Module):
             y = torch.ops.quantized.linear_dynamic(x2, self._packed[0], True)
         else:  # each piece straight into its columns: the logits exist once
             y = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32, device=x2.device)
-            for i, p in enumerate(self._packed):
-                y[:, i * PACK_ROWS:(i + 1) * PACK_ROWS] = torch.ops.quantized.linear_dynamic(x2, p, True)
+            for lo, piece in self.pieces(x2):
+                y[:, lo:lo + piece.shape[1]] = piece
         return y.view(*shape[:-1], self.out_features)
+
+    def pieces(self, x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+        """The output a packed piece at a time: (first output column, ``y[:, lo:lo + rows]``
+        fp32 [M, at most :data:`PACK_ROWS`]) in order, x [M, in_features]; what
+        :meth:`forward` writes into its columns (an LM head read by vocabulary pieces)."""
+        x2 = x.reshape(-1, x.shape[-1]).float().contiguous()
+        for i, p in enumerate(self._packed):
+            yield i * PACK_ROWS, torch.ops.quantized.linear_dynamic(x2, p, True)
 
     def dequantized(self) -> torch.Tensor:
         """The weight the int8 codes stand for, fp32 [N, K] (tests, error reports)."""

@@ -13,6 +13,7 @@ Shapes: B batch, T tokens, D hidden, H heads, Hkv key/value heads, Dh head dim.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 
 from .attention import attend
 from .config import ModelConfig
+from .quant import PACK_ROWS
 
 
 class RMSNorm(nn.Module):
@@ -107,6 +109,11 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1)), new_kv
 
 
+MLP_PIECE = 256
+"""Tokens a CPU runs through the MLP at a time when an input has more than twice as many
+(:meth:`MLP.forward`)."""
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -118,7 +125,18 @@ class MLP(nn.Module):
         if torch.is_grad_enabled():  # training: autograd keeps the activation's input
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         # inference: the same values with two [T, intermediate] buffers alive instead of four
-        # (a 1088-token context on the 0.5B shape: 42 MB instead of 84 at a step's peak)
+        # (a 1088-token context on the 0.5B shape: 42 MB instead of 84 at a step's peak); on a
+        # CPU a long input in pieces of MLP_PIECE tokens, each token's output being its own
+        # (10 MB alive instead of 42 there, the same time)
+        if x.device.type != "cpu" or x.shape[:-1].numel() <= 2 * MLP_PIECE:
+            return self._inner(x)
+        flat = x.reshape(-1, x.shape[-1])
+        out = flat.new_empty(flat.shape[0], self.down_proj.out_features)
+        for i in range(0, flat.shape[0], MLP_PIECE):
+            out[i:i + MLP_PIECE] = self._inner(flat[i:i + MLP_PIECE])
+        return out.view(*x.shape[:-1], -1)
+
+    def _inner(self, x: torch.Tensor) -> torch.Tensor:
         h = F.silu(self.gate_proj(x), inplace=True)
         return self.down_proj(h.mul_(self.up_proj(x)))
 
@@ -170,6 +188,21 @@ class Transformer(nn.Module):
         if self.int8_head is not None:
             return self.int8_head(hidden)
         return F.linear(hidden, self.head_weight)
+
+    def head_pieces(self, hidden: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]] | None:
+        """hidden [M, D] -> the logits by vocabulary pieces, (first id, logits [M, at most
+        :data:`~.quant.PACK_ROWS`]) in order, for a scorer that reads them as they come
+        (``decoder.step.score_slots``); None where the head is read whole: on an accelerator
+        (one kernel over the vocabulary, no host memory at stake) or a vocabulary of one
+        piece. On a CPU the whole ``[slots, V]`` logits and their log-probs were the peak of
+        a step (two x 33 MB at a 0.5B model's 1024 x 32 x 3 step; BENCHMARKS.md)."""
+        w = self.head_weight
+        vocab = self.int8_head.out_features if self.int8_head is not None else w.shape[0]
+        if hidden.device.type != "cpu" or vocab <= PACK_ROWS:
+            return None
+        if self.int8_head is not None:
+            return self.int8_head.pieces(hidden)
+        return ((lo, F.linear(hidden, w[lo:lo + PACK_ROWS])) for lo in range(0, vocab, PACK_ROWS))
 
     def forward_hidden(
         self,

@@ -8,11 +8,12 @@ captured in a CUDA graph."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
 
+from ..quant import PACK_ROWS
 from .canvas import Canvas, DenoiseState
 from .spec import StepSpec, Strategy
 
@@ -87,37 +88,142 @@ class SlotScores(NamedTuple):
 
 def score_slots(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, spec: StepSpec,
                 noise: torch.Tensor | None = None, draft_ids: torch.Tensor | None = None, *,
-                max_bytes: int = SCORE_BYTES) -> SlotScores:
+                max_bytes: int = SCORE_BYTES,
+                pieces: Callable[[torch.Tensor], Iterator[tuple[int, torch.Tensor]] | None] | None = None,
+                ) -> SlotScores:
     """:func:`token_scores` of ``head(h)`` (h [L, N, D]; the mask id banned), computed over the
     slots in pieces of at most ``max_bytes`` of fp32 logits (``spec.vocab`` wide; 0: one
     piece), so the whole ``[L, N, V]`` is never held. Each slot's scores depend on its own
     logits only, so the pieces give what one piece gives (the reference: ``max_bytes`` larger
     than the batch). ``draft_ids`` [L, N]: the token whose log-prob each slot reports for
-    :func:`accept_drafts` (drafts only)."""
+    :func:`accept_drafts` (drafts only).
+
+    ``pieces``: the head by vocabulary pieces (``Transformer.head_pieces``: hidden -> (first id,
+    logits [c, at most PACK_ROWS]) in order, or None where the head is one piece). Then the
+    scores are read as the pieces come (:func:`_streamed_scores`, an online log-sum-exp): no
+    ``[slots, V]`` logits or log-probs are held at all, and the slot pieces are sized by the
+    vocabulary piece (the head's weights are read once per slot piece)."""
     L, N, D = h.shape
     flat = h.reshape(L * N, D)
     nz = None if noise is None else noise.reshape(L * N, -1)
-    ds = None if draft_ids is None else draft_ids.reshape(L * N, 1)
+    ds = None if draft_ids is None else draft_ids.reshape(L * N)
     terms = torch.tensor(spec.terminators, device=h.device) if ds is not None else None
     parts: list[tuple[torch.Tensor, ...]] = []
     size = max(1, max_bytes // (4 * spec.vocab)) if spec.vocab > 0 else L * N
+    if pieces is not None and pieces(flat[:0]) is not None:  # (no slot: nothing computed)
+        size = max(size, max_bytes // (4 * PACK_ROWS))
     start = 0
     while start < L * N:
         stop = min(start + size, L * N)
-        logits = head(flat[start:stop]).float()  # [c, V]
-        logits[:, spec.mask_id] = float("-inf")
-        tok, score, lp, logp_all = _token_scores(logits, spec.strategy, spec.temperature,
-                                                 None if nz is None else nz[start:stop])
-        part: tuple[torch.Tensor, ...] = (tok, score, lp)
-        if ds is not None:
-            part += (logp_all.max(-1).values, logp_all.gather(-1, ds[start:stop])[:, 0],
-                     logp_all.index_select(-1, terms))
-        parts.append(part)
-        del logits, logp_all
+        x = flat[start:stop]
+        nzc = None if nz is None else nz[start:stop]
+        dsc = None if ds is None else ds[start:stop]
+        stream = pieces(x) if pieces is not None else None
+        if stream is not None:
+            parts.append(_streamed_scores(stream, spec, nzc, dsc, terms))
+        else:
+            logits = head(x).float()  # [c, V]
+            logits[:, spec.mask_id] = float("-inf")
+            tok, score, lp, logp_all = _token_scores(logits, spec.strategy, spec.temperature, nzc)
+            part: tuple[torch.Tensor, ...] = (tok, score, lp)
+            if dsc is not None and terms is not None:
+                part += (logp_all.max(-1).values, logp_all.gather(-1, dsc[:, None])[:, 0],
+                         logp_all.index_select(-1, terms))
+            parts.append(part)
+            del logits, logp_all
         start = stop
     cols = [torch.cat(c) for c in zip(*parts, strict=True)]
     shaped = [c.reshape(L, N, *c.shape[1:]) for c in cols]
     return SlotScores(*shaped)
+
+
+_FLOOR = -1e30
+"""The running maxima's start (finite: rescaling by ``exp(m_old - m_new)`` never meets
+``-inf - -inf``); every real logit is above it."""
+
+
+def _streamed_scores(stream: Iterator[tuple[int, torch.Tensor]], spec: StepSpec,
+                     noise: torch.Tensor | None, ds: torch.Tensor | None,
+                     terms: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """:func:`_token_scores` (and the draft columns of :func:`score_slots`) of c slots from
+    their logits in vocabulary pieces, read once each as they come: running maxima and
+    rescaled sums of exponentials (the log-sum-exp of the logits, and of the tempered logits
+    at temperature > 0), the running best of the selection logits (the argmax; at temperature
+    > 0 the logits / T plus Gumbel noise), the two best tempered logits (margin) and the
+    rescaled sum of ``exp(l - m) * l`` (entropy). The same values as the whole tensors up to
+    rounding; ties go to the lowest id, as ``argmax`` does (a later piece must beat, not
+    equal). ``noise`` [c, V]; ``ds`` [c] draft ids; ``terms`` [K] terminator ids."""
+    strategy, temp, mask_id = spec.strategy, spec.temperature, spec.mask_id
+    m = s = mq = sq = tq = best = raw_tok = q_tok = top1 = top2 = None
+    tok = lp_draft = lp_terms = None
+
+    def merge(m_old: torch.Tensor | None, acc: torch.Tensor | None, z: torch.Tensor,
+              weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(running max, running sum of exp(z - max) [* weight]) with the piece z folded in."""
+        pm = z.max(1).values
+        m_new = pm if m_old is None else torch.maximum(m_old, pm)
+        e = torch.exp(z - m_new[:, None])
+        add = (e if weight is None else e * weight).sum(1)
+        return m_new, add if acc is None else acc * torch.exp(m_old - m_new) + add
+
+    for lo, piece in stream:
+        z = piece.float()
+        n = z.shape[1]
+        if lo <= mask_id < lo + n:
+            z[:, mask_id - lo] = float("-inf")
+        z = z.clamp_min(_FLOOR)  # the banned id too: exp(_FLOOR - m) is 0 all the same
+        q = z / temp if temp > 0 else z
+        sel = q + _gumbel(noise[:, lo:lo + n]) if temp > 0 and noise is not None else q
+        bv, bi = sel.max(1)
+        if best is None:
+            best, tok = bv, bi + lo
+            raw_tok, q_tok = z.gather(1, bi[:, None])[:, 0], q.gather(1, bi[:, None])[:, 0]
+        else:
+            win = bv > best  # ties: the earlier piece's id, the lowest
+            best, tok = torch.where(win, bv, best), torch.where(win, bi + lo, tok)
+            raw_tok = torch.where(win, z.gather(1, bi[:, None])[:, 0], raw_tok)
+            q_tok = torch.where(win, q.gather(1, bi[:, None])[:, 0], q_tok)
+        if temp > 0:
+            m_prev = mq
+            mq, sq = merge(mq, sq, q)
+            if strategy is Strategy.ENTROPY:
+                _, tq = merge(m_prev, tq, q, q)
+        if strategy is Strategy.ENTROPY and temp == 0:
+            _, tq = merge(m, tq, z, z)
+        m, s = merge(m, s, z)
+        if strategy is Strategy.MARGIN:
+            k = min(2, n)
+            pv = q.topk(k, dim=1).values
+            cand = pv if top1 is None else torch.cat((top1[:, None], top2[:, None], pv), 1)
+            if cand.shape[1] < 2:
+                cand = torch.cat((cand, torch.full_like(cand, _FLOOR)), 1)
+            two = cand.topk(2, dim=1).values
+            top1, top2 = two[:, 0], two[:, 1]
+        if ds is not None:
+            here = (ds >= lo) & (ds < lo + n)
+            got = z.gather(1, (ds - lo).clamp(0, n - 1)[:, None])[:, 0]
+            lp_draft = torch.where(here, got, got.new_full(got.shape, _FLOOR) if lp_draft is None
+                                   else lp_draft)
+        if terms is not None:
+            here_t = (terms >= lo) & (terms < lo + n)
+            got_t = z.index_select(1, (terms - lo).clamp(0, n - 1))
+            lp_terms = torch.where(here_t[None], got_t, got_t.new_full(got_t.shape, _FLOOR)
+                                   if lp_terms is None else lp_terms)
+    assert m is not None and s is not None and tok is not None, "a head with no vocabulary"
+    lse = m + torch.log(s)
+    lq = lse if temp == 0 else mq + torch.log(sq)
+    if strategy is Strategy.CONFIDENCE:
+        score = torch.exp(q_tok - lq)
+    elif strategy is Strategy.MARGIN:
+        score = torch.exp(top1 - lq) - torch.exp(top2 - lq)
+    elif strategy is Strategy.ENTROPY:
+        score = torch.exp(tq / (s if temp == 0 else sq) - lq)  # exp(sum q log q) = exp(-H)
+    else:  # pragma: no cover
+        raise ValueError(f"unknown strategy {strategy}")
+    out: tuple[torch.Tensor, ...] = (tok, score, raw_tok - lse)
+    if ds is not None and terms is not None:
+        out += (m - lse, lp_draft - lse, lp_terms - lse[:, None])
+    return out
 
 
 def block_schedule(
@@ -255,7 +361,8 @@ def denoise_step(
         logp = torch.where(sel, res.logp, logp)
         masked = masked & ~sel
     else:
-        sc = score_slots(model.head, h, spec, noise, None if draft is None else draft_ids(draft))
+        sc = score_slots(model.head, h, spec, noise, None if draft is None else draft_ids(draft),
+                         pieces=getattr(model, "head_pieces", None))
         tok, score, tok_logp = sc.tok, sc.score, sc.logp
         if spec.threshold is not None:
             k = torch.maximum(k, ((score > spec.threshold) & elig).sum(1))

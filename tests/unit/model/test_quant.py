@@ -139,3 +139,55 @@ def test_loader_makes_int8_from_the_files_own_dtype(tmp_path, dtype):
     ids = torch.randint(4, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         assert torch.allclose(lm.model(ids), ref(ids), atol=1e-5)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_wide_head_comes_in_vocabulary_pieces_on_a_cpu(int8):
+    """Transformer.head_pieces: a vocabulary wider than PACK_ROWS comes as (first id, logits)
+    pieces of at most PACK_ROWS ids whose concatenation is head() (the int8 head bit for bit:
+    the same packed pieces); one piece (a narrow vocabulary) is None: read whole."""
+    model, cfg = tiny_model(0, std=0.05, vocab_size=quant.PACK_ROWS * 2 + 37)
+    if int8:
+        quantize_model(model)
+    h = torch.randn(5, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        pieces = list(model.head_pieces(h))
+        whole = model.head(h)
+    assert [lo for lo, _ in pieces] == [0, quant.PACK_ROWS, 2 * quant.PACK_ROWS]
+    assert [p.shape for _, p in pieces] == [(5, quant.PACK_ROWS)] * 2 + [(5, 37)]
+    if int8:
+        assert torch.equal(torch.cat([p for _, p in pieces], 1), whole)
+    else:
+        torch.testing.assert_close(torch.cat([p for _, p in pieces], 1), whole)
+    narrow, _ = tiny_model(0)
+    assert narrow.head_pieces(h[:, :narrow.config.hidden_size]) is None
+
+
+def test_a_step_on_a_wide_vocabulary_scores_by_pieces_as_it_would_whole():
+    """One denoise step of an int8 model whose head comes in pieces: the same tokens and
+    (to rounding) the same log-probs as the same step scored on the whole logits."""
+    from diffill.model.decoder.canvas import build_canvas, initial_state
+    from diffill.model.decoder.spec import SpecialIds, StepSpec
+    from diffill.model.decoder.step import denoise_step
+
+    model, cfg = tiny_model(0, std=0.3, vocab_size=quant.PACK_ROWS + 300)
+    quantize_model(model)
+    sp = SpecialIds.from_config(cfg)
+    cv = build_canvas(cfg, [5, 6, 7, 8400, 11], [8, 8300, 9], [6, 3], torch.device("cpu"))
+    spec = StepSpec(sp.mask, sp.pad, sp.terminators, cfg.shift_logits, vocab=cfg.vocab_size)
+
+    class Whole:  # the model without head_pieces: score_slots reads head() whole
+        def __init__(self, m):
+            self.m = m
+
+        def forward_hidden(self, *a, **k):
+            return self.m.forward_hidden(*a, **k)
+
+        def head(self, h):
+            return self.m.head(h)
+
+    with torch.inference_mode():
+        got = denoise_step(model, cv, initial_state(cv), 3, spec)
+        want = denoise_step(Whole(model), cv, initial_state(cv), 3, spec)
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.masked, want.masked)
+    torch.testing.assert_close(got.logp, want.logp)

@@ -448,3 +448,25 @@ def test_grouped_query_attention_without_repeated_keys_is_the_repeated_one_bit_f
         slow = [attention.attend(q, k, v, m) for m in (None, mask)]
     assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
     assert torch.allclose(fast[1], attention.attend_reference(q, k, v, mask), atol=1e-5)
+
+
+def test_a_long_input_runs_the_mlp_in_pieces_with_the_same_values():
+    """On a CPU an input of more than 2 x MLP_PIECE tokens goes through the MLP in pieces
+    (less memory at a long context's step): the same values, to rounding, as one piece."""
+    import torch
+    from diffill.model import transformer
+    from support import tiny_model
+
+    model, cfg = tiny_model(0)
+    mlp = model.layers[0].mlp
+    x = torch.randn(2, transformer.MLP_PIECE + 7, cfg.hidden_size,
+                    generator=torch.Generator().manual_seed(1))
+    calls = []
+    hook = mlp.gate_proj.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    with torch.inference_mode():
+        got = mlp(x)
+        want = mlp._inner(x)
+    hook.remove()
+    assert calls[:-1] == [transformer.MLP_PIECE, transformer.MLP_PIECE, 14]  # 2 x 263 tokens
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
