@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch

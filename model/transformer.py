@@ -126,8 +126,10 @@ class MLP(nn.Module):
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         # inference: the same values with two [T, intermediate] buffers alive instead of four
         # (a 1088-token context on the 0.5B shape: 42 MB instead of 84 at a step's peak); on a
-        # CPU a long input in pieces of MLP_PIECE tokens, each token's output being its own
-        # (10 MB alive instead of 42 there, the same time)
+        # CPU a long input in pieces of MLP_PIECE tokens: 10 MB alive instead of 42 there, in
+        # the same time. Each token's values are its own (to rounding), except that int8 weights
+        # quantize their input per call, so per piece: a scale fitted to fewer tokens (against
+        # fp32, the logits' error was a little lower: BENCHMARKS.md, *The step's memory*)
         if x.device.type != "cpu" or x.shape[:-1].numel() <= 2 * MLP_PIECE:
             return self._inner(x)
         flat = x.reshape(-1, x.shape[-1])

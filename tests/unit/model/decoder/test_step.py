@@ -89,6 +89,12 @@ def test_scores_streamed_by_vocabulary_pieces_are_the_whole_tensors(strategy, te
     h = torch.randn(L, N, D, generator=g)
     noise = torch.rand(L, N, V, generator=g) if temperature > 0 else None
     draft = DraftRows(torch.randint(6, V, (L, N), generator=g), torch.tensor([3, -1, 7]))
+    calls = []
+
+    def counted(x):
+        calls.append(len(x))
+        return head(x)
+
     for mask_id in (5, 10):
         spec = StepSpec(mask_id=mask_id, pad_id=0, terminators=(1, 96), shift=False,
                         strategy=Strategy(strategy), temperature=temperature, vocab=V)
@@ -96,12 +102,6 @@ def test_scores_streamed_by_vocabulary_pieces_are_the_whole_tensors(strategy, te
         logits[..., spec.mask_id] = float("-inf")
         want_tok, want_score, want_lp = token_scores(logits, spec.strategy, temperature, noise)
         want_draft = verify_drafts(logits, draft, spec)
-        calls = []
-
-        def counted(x):
-            calls.append(len(x))
-            return head(x)
-
         got = score_slots(counted, h, spec, noise, draft_ids(draft), pieces=pieces)
         assert calls == []  # the whole logits were never computed
         assert torch.equal(got.tok, want_tok)
