@@ -273,11 +273,6 @@ class DiffillSide:
 
     def __init__(self, model_dir: str, threads: int, steps: int, hole: int,
                  refresh: int = 1) -> None:
-        from ..lsp_server.commands import one_malloc_arena
-
-        one_malloc_arena()  # as `diffill serve` runs (before torch starts threads): with an arena
-        # per thread the worker's peak RSS was 0.91-1.14 GB run to run for the same 738 MiB in
-        # use, with one 0.93-0.95 GB (BENCHMARKS.md, *The step's memory*)
         from ..model import load_model  # the model (torch): in the diffill worker only
         from ..model.asks import EngineAsk  # (same)
         from ..model.decoder.spec import SamplerConfig  # (same)
