@@ -262,6 +262,8 @@ def measure_plan(model: Any, cfg: Any, *, budget_ms: float, fit: bool = False,
         timings = [msgspec.structs.replace(t, row_ms=round(b_full * per(t), 4),
                                            block_row_ms=round(b_block * per(t), 4))
                    for t in timings]
+    if p.device.type == "cpu":  # what the largest step freed stays resident until trimmed, and
+        release_free_memory()  # the requests after it allocate in other sizes (BENCHMARKS.md)
     return plan_from_timings(
         timings, budget_ms, refresh_every=refresh_every, min_steps=min_steps, max_steps=max_steps,
         threshold=threshold, device=str(p.device), dtype=str(p.dtype).removeprefix("torch."),
