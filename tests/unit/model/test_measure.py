@@ -57,3 +57,25 @@ def test_a_fit_measures_no_hole_beyond_fit_hole():
     src = {(t.ctx, t.hole): t.source for t in plan.timings}
     assert [b for b, s in src.items() if s == "measured"] == [(64, 8)]
     assert src[(64, 16)] == src[(128, 16)] == "fitted" and all(t.full_ms > 0 for t in plan.timings)
+
+
+def test_a_cpu_plan_trims_the_heap_after_its_largest_step(monkeypatch):
+    """On a CPU the plan hands the heap's free pages back after its last (largest) step as
+    well as before each bucket: what that step freed would otherwise stay resident while the
+    requests after it allocate in other sizes (BENCHMARKS.md, *The step's memory*)."""
+    from diffill.model import measure
+
+    events = []
+    monkeypatch.setattr(measure, "release_free_memory", lambda: events.append("trim"))
+    real = measure.measure_bucket
+
+    def bucket(*a, **k):
+        out = real(*a, **k)
+        events.append("bucket timed")
+        return out
+
+    monkeypatch.setattr(measure, "measure_bucket", bucket)
+    model, cfg = _tiny()
+    measure_plan(model, cfg, budget_ms=1e9, fit=True, ctx_buckets=(32, 64), hole_buckets=(8,),
+                 rows=2, repeats=1, max_steps=4)
+    assert events.count("bucket timed") == 2 and events[-2:] == ["bucket timed", "trim"]
