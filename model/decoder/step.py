@@ -70,7 +70,9 @@ batch's hole slots in pieces of at most this many bytes (:func:`score_slots`). W
 rows x 64 slots x 152k on the 0.5B shape is 117 MB each. Each piece reads the head's weights
 again (136 MB in int8 on that shape), so pieces are not small: a keystroke's 3 x 16 slots
 are one piece there (split in two they cost +50% in the head, 78 -> 117 ms on the 2-core
-box); 3 x 32 in two and 3 x 64 in four were no slower than one piece."""
+box); 3 x 32 in two and 3 x 64 in four were no slower than one piece. Where the head comes by
+vocabulary pieces (a CPU: ``Transformer.head_pieces``) the bound holds a slot piece's logits for
+one vocabulary piece instead (up to 1024 slots a piece), and no whole-vocabulary row is held."""
 
 
 class SlotScores(NamedTuple):
