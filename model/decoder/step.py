@@ -156,6 +156,7 @@ def _streamed_scores(stream: Iterator[tuple[int, torch.Tensor]], spec: StepSpec,
     rounding; ties go to the lowest id, as ``argmax`` does (a later piece must beat, not
     equal). ``noise`` [c, V]; ``ds`` [c] draft ids; ``terms`` [K] terminator ids."""
     strategy, temp, mask_id = spec.strategy, spec.temperature, spec.mask_id
+    assert temp == 0 or noise is not None, "temperature > 0 needs noise"
     m = s = mq = sq = tq = best = raw_tok = q_tok = top1 = top2 = None
     tok = lp_draft = lp_terms = None
 
@@ -175,7 +176,7 @@ def _streamed_scores(stream: Iterator[tuple[int, torch.Tensor]], spec: StepSpec,
             z[:, mask_id - lo] = float("-inf")
         z = z.clamp_min(_FLOOR)  # the banned id too: exp(_FLOOR - m) is 0 all the same
         q = z / temp if temp > 0 else z
-        sel = q + _gumbel(noise[:, lo:lo + n]) if temp > 0 and noise is not None else q
+        sel = q + _gumbel(noise[:, lo:lo + n]) if noise is not None and temp > 0 else q
         bv, bi = sel.max(1)
         if best is None:
             best, tok = bv, bi + lo
