@@ -112,7 +112,8 @@ def score_slots(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, s
     terms = torch.tensor(spec.terminators, device=h.device) if ds is not None else None
     parts: list[tuple[torch.Tensor, ...]] = []
     size = max(1, max_bytes // (4 * spec.vocab)) if spec.vocab > 0 else L * N
-    if pieces is not None and pieces(flat[:0]) is not None:  # (no slot: nothing computed)
+    streams = pieces is not None and pieces(flat[:0]) is not None  # (no slot: nothing computed)
+    if streams:
         size = max(size, max_bytes // (4 * PACK_ROWS))
     start = 0
     while start < L * N:
@@ -120,9 +121,8 @@ def score_slots(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, s
         x = flat[start:stop]
         nzc = None if nz is None else nz[start:stop]
         dsc = None if ds is None else ds[start:stop]
-        stream = pieces(x) if pieces is not None else None
-        if stream is not None:
-            parts.append(_streamed_scores(stream, spec, nzc, dsc, terms))
+        if streams:
+            parts.append(_streamed_scores(pieces(x), spec, nzc, dsc, terms))
         else:
             logits = head(x).float()  # [c, V]
             logits[:, spec.mask_id] = float("-inf")
@@ -157,18 +157,10 @@ def _streamed_scores(stream: Iterator[tuple[int, torch.Tensor]], spec: StepSpec,
     equal). ``noise`` [c, V]; ``ds`` [c] draft ids; ``terms`` [K] terminator ids."""
     strategy, temp, mask_id = spec.strategy, spec.temperature, spec.mask_id
     assert temp == 0 or noise is not None, "temperature > 0 needs noise"
-    m = s = mq = sq = tq = best = raw_tok = q_tok = top1 = top2 = None
-    tok = lp_draft = lp_terms = None
-
-    def merge(m_old: torch.Tensor | None, acc: torch.Tensor | None, z: torch.Tensor,
-              weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(running max, running sum of exp(z - max) [* weight]) with the piece z folded in."""
-        pm = z.max(1).values
-        m_new = pm if m_old is None else torch.maximum(m_old, pm)
-        e = torch.exp(z - m_new[:, None])
-        add = (e if weight is None else e * weight).sum(1)
-        return m_new, add if acc is None else acc * torch.exp(m_old - m_new) + add
-
+    entropy = strategy is Strategy.ENTROPY
+    raw: _Sums | None = None  # of the logits
+    tempered: _Sums | None = None  # of the logits / T (temperature > 0; else ``raw``)
+    best = tok = raw_tok = q_tok = top1 = top2 = lp_draft = lp_terms = None
     for lo, piece in stream:
         z = piece.float()
         n = z.shape[1]
@@ -186,14 +178,10 @@ def _streamed_scores(stream: Iterator[tuple[int, torch.Tensor]], spec: StepSpec,
             best, tok = torch.where(win, bv, best), torch.where(win, bi + lo, tok)
             raw_tok = torch.where(win, z.gather(1, bi[:, None])[:, 0], raw_tok)
             q_tok = torch.where(win, q.gather(1, bi[:, None])[:, 0], q_tok)
-        if temp > 0:
-            m_prev = mq
-            mq, sq = merge(mq, sq, q)
-            if strategy is Strategy.ENTROPY:
-                _, tq = merge(m_prev, tq, q, q)
-        if strategy is Strategy.ENTROPY and temp == 0:
-            _, tq = merge(m, tq, z, z)
-        m, s = merge(m, s, z)
+        zmax = z.max(1).values if sel is not z else bv  # greedy: the argmax's value is the max
+        raw = _fold(raw, z, zmax, entropy and temp == 0)
+        if temp > 0:  # dividing by T > 0 keeps the maximum element: max(z) / T is max(z / T)
+            tempered = _fold(tempered, q, zmax / temp, entropy)
         if strategy is Strategy.MARGIN:
             k = min(2, n)
             pv = q.topk(k, dim=1).values
@@ -212,21 +200,43 @@ def _streamed_scores(stream: Iterator[tuple[int, torch.Tensor]], spec: StepSpec,
             got_t = z.index_select(1, (terms - lo).clamp(0, n - 1))
             lp_terms = torch.where(here_t[None], got_t, got_t.new_full(got_t.shape, _FLOOR)
                                    if lp_terms is None else lp_terms)
-    assert m is not None and s is not None and tok is not None, "a head with no vocabulary"
-    lse = m + torch.log(s)
-    lq = lse if temp == 0 else mq + torch.log(sq)
+    assert raw is not None and tok is not None, "a head with no vocabulary"
+    tempered = raw if tempered is None else tempered
+    lse = raw.m + torch.log(raw.s)
+    lq = tempered.m + torch.log(tempered.s)
     if strategy is Strategy.CONFIDENCE:
         score = torch.exp(q_tok - lq)
     elif strategy is Strategy.MARGIN:
         score = torch.exp(top1 - lq) - torch.exp(top2 - lq)
     elif strategy is Strategy.ENTROPY:
-        score = torch.exp(tq / (s if temp == 0 else sq) - lq)  # exp(sum q log q) = exp(-H)
+        score = torch.exp(tempered.t / tempered.s - lq)  # exp(sum q log q) = exp(-H)
     else:  # pragma: no cover
         raise ValueError(f"unknown strategy {strategy}")
     out: tuple[torch.Tensor, ...] = (tok, score, raw_tok - lse)
     if ds is not None and terms is not None:
-        out += (m - lse, lp_draft - lse, lp_terms - lse[:, None])
+        out += (raw.m - lse, lp_draft - lse, lp_terms - lse[:, None])
     return out
+
+
+class _Sums(NamedTuple):
+    """Running over vocabulary pieces, per slot: the maximum ``m``, the sum of exp(l - m)
+    ``s`` and (entropy only, else None) the sum of exp(l - m) * l ``t``."""
+
+    m: torch.Tensor
+    s: torch.Tensor
+    t: torch.Tensor | None
+
+
+def _fold(acc: _Sums | None, z: torch.Tensor, zmax: torch.Tensor, weighted: bool) -> _Sums:
+    """``acc`` with the piece z [c, n] (its row maxima ``zmax``) folded in: one exp per logit,
+    the sums so far rescaled to the new maximum."""
+    m = zmax if acc is None else torch.maximum(acc.m, zmax)
+    e = torch.exp(z - m[:, None])
+    s, t = e.sum(1), (e * z).sum(1) if weighted else None
+    if acc is None:
+        return _Sums(m, s, t)
+    r = torch.exp(acc.m - m)
+    return _Sums(m, acc.s * r + s, None if t is None else acc.t * r + t)
 
 
 def block_schedule(

@@ -453,7 +453,6 @@ def test_grouped_query_attention_without_repeated_keys_is_the_repeated_one_bit_f
 def test_a_long_input_runs_the_mlp_in_pieces_with_the_same_values():
     """On a CPU an input of more than 2 x MLP_PIECE tokens goes through the MLP in pieces
     (less memory at a long context's step): the same values, to rounding, as one piece."""
-    import torch
     from diffill.model import transformer
     from support import tiny_model
 
